@@ -1,0 +1,114 @@
+"""Where ge2 runs: CUDA when a GPU is present, otherwise the Triton interpreter on CPU tensors.
+
+This module must be imported before triton: without a GPU it sets ``TRITON_INTERPRET=1`` so that
+every ``@triton.jit`` kernel runs on the interpreter (unless the user already chose a value).
+It also owns the two global knobs every kernel reads: the autotune helper and the fp32 matmul
+precision.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import torch
+
+_CUDA = torch.cuda.is_available()
+
+if "TRITON_INTERPRET" not in os.environ and not _CUDA:
+    if "triton" in sys.modules:
+        warnings.warn(
+            "ge2: triton was imported before ge2 on a machine without a GPU; kernels need the "
+            "Triton interpreter. Import ge2 first or set TRITON_INTERPRET=1.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import triton  # noqa: E402  (must follow the TRITON_INTERPRET decision)
+
+INTERPRETER: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+_default_device: str = "cuda" if _CUDA else "cpu"
+
+
+def is_interpreter() -> bool:
+    """True when kernels run on the Triton interpreter (CPU tensors)."""
+    return INTERPRETER
+
+
+def device() -> torch.device:
+    """The default device of ge2 tensors: cuda if a GPU is present, else cpu (interpreter)."""
+    return torch.device(_default_device)
+
+
+def resolve_device(dev: str | torch.device | None) -> torch.device:
+    """Turn a user's ``device=`` argument ("cuda", "cpu", "cuda:1", torch.device, None) into a device."""
+    if dev is None:
+        return device()
+    try:
+        d = torch.device(dev)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: expected 'cuda' or 'cpu', got {dev!r}") from e
+    if d.type not in ("cuda", "cpu"):
+        raise ValueError(f"device: ge2 runs on 'cuda' or 'cpu' (the Triton interpreter), got {dev!r}")
+    if d.type == "cuda" and not _CUDA:
+        raise RuntimeError(f"device: {dev!r} was asked for but no CUDA GPU is available")
+    if d.type == "cpu" and not INTERPRETER:
+        raise RuntimeError(
+            "device: 'cpu' tensors need the Triton interpreter; set TRITON_INTERPRET=1 "
+            "before importing ge2 to run kernels on the CPU"
+        )
+    return d
+
+
+def set_default_device(dev: str | torch.device) -> None:
+    """Set the device that factories use when no ``device=`` is given."""
+    global _default_device
+    _default_device = str(resolve_device(dev))
+
+
+# ---------------------------------------------------------------------------------------------
+# fp32 matmul precision
+# ---------------------------------------------------------------------------------------------
+# Default "ieee", like torch's default (torch.backends.cuda.matmul.allow_tf32 = False): an fp32
+# model computes what it says unless the user opts into tensor-core tf32 ("tf32", ~7x faster on
+# Hopper, ~1e-3 relative error) or the error-compensated "tf32x3" (~fp32 accuracy, ~1/3 the speed
+# of tf32). bf16/fp16 inputs always use tensor cores with fp32 accumulation.
+_MATMUL_PRECISIONS = ("ieee", "tf32", "tf32x3")
+_matmul_precision = "ieee"
+
+
+def set_matmul_precision(precision: str) -> str:
+    """Set how fp32 matmuls/convs run: "ieee" (default), "tf32" or "tf32x3". Returns the old value."""
+    global _matmul_precision
+    if precision not in _MATMUL_PRECISIONS:
+        raise ValueError(
+            f"set_matmul_precision: precision must be one of {_MATMUL_PRECISIONS}, got {precision!r}"
+        )
+    old, _matmul_precision = _matmul_precision, precision
+    return old
+
+
+def get_matmul_precision() -> str:
+    """The current fp32 matmul precision: "ieee", "tf32" or "tf32x3"."""
+    return _matmul_precision
+
+
+# ---------------------------------------------------------------------------------------------
+# autotune
+# ---------------------------------------------------------------------------------------------
+def autotune(configs: list[triton.Config], key: list[str], default: int | triton.Config = 0, **kwargs):
+    """Decorator: ``triton.autotune`` over ``configs`` on a GPU; one pinned config under the interpreter.
+
+    ``default`` (an index into ``configs`` or a Config) is the designated config used where tuning
+    cannot run: the interpreter fails on multi-config autotune, and tuning there would measure
+    nothing anyway. Extra kwargs (``prune_configs_by``, ``reset_to_zero``, ...) pass through.
+    """
+    if not configs:
+        raise ValueError("autotune: configs must not be empty")
+    if INTERPRETER:
+        pinned = configs[default] if isinstance(default, int) else default
+        configs = [pinned]
+        kwargs.pop("prune_configs_by", None)
+    return triton.autotune(configs=configs, key=key, **kwargs)
