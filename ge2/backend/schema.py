@@ -112,3 +112,30 @@ def normalize_dims(op: str, dims: int | Sequence[int] | None, ndim: int) -> tupl
             raise ValueError(f"{op}: dim {d} appears more than once")
         out.append(d)
     return tuple(sorted(out))
+
+
+def _category(x) -> int:
+    dt = x.dtype if isinstance(x, torch.Tensor) else None
+    if dt == torch.bool or isinstance(x, bool):
+        return 0
+    if (dt is not None and not dt.is_floating_point) or (dt is None and isinstance(x, numbers.Integral)):
+        return 1
+    return 2
+
+
+def result_dtype(*operands: Any) -> torch.dtype:
+    """torch's type promotion for tensors and Python scalars, without dispatching an aten op.
+
+    The highest category (bool < int < float) wins; within it, dimensioned tensors outrank 0-d
+    tensors, which outrank Python scalars; a float Python scalar over int tensors gives float32.
+    """
+    top = max(_category(x) for x in operands)
+    for rank in (lambda x: isinstance(x, torch.Tensor) and x.dim() > 0,
+                 lambda x: isinstance(x, torch.Tensor) and x.dim() == 0):
+        tensors = [x for x in operands if _category(x) == top and rank(x)]
+        if tensors:
+            dt = tensors[0].dtype
+            for t in tensors[1:]:
+                dt = torch.promote_types(dt, t.dtype)
+            return dt
+    return {0: torch.bool, 1: torch.int64, 2: torch.get_default_dtype()}[top]

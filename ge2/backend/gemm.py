@@ -1,0 +1,1 @@
+"""GEMM ops (PLACEHOLDER: being written)."""

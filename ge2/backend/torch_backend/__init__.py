@@ -1,0 +1,6 @@
+"""The torch backend: every ge2 op written with torch. It is the oracle the tests compare with.
+
+This is the one place in ``ge2/`` where torch does arithmetic; the product path never reaches it
+unless the user asks for ``ge2.use_backend("torch")``.
+"""
+from ge2.backend.torch_backend import elementwise, reduction, gemm  # noqa: F401

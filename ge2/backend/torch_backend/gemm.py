@@ -1,0 +1,1 @@
+"""torch reference implementations of the GEMM ops (PLACEHOLDER: being written)."""

@@ -1,0 +1,1 @@
+"""Triton kernels and their launchers: torch tensors in, torch tensors out. One module per op family."""
