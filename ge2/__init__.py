@@ -8,4 +8,76 @@ from ge2.runtime import (  # noqa: F401
     set_matmul_precision,
 )
 from ge2 import backend  # noqa: F401
-from ge2.backend import use_backend, get_backend  # noqa: F401
+from ge2.backend import get_backend, use_backend  # noqa: F401
+from ge2.autograd import (  # noqa: F401
+    Function,
+    Tensor,
+    enable_grad,
+    is_grad_enabled,
+    no_grad,
+    set_grad_enabled,
+)
+from ge2.autograd.factories import (  # noqa: F401
+    arange,
+    empty,
+    empty_like,
+    from_torch,
+    full,
+    manual_seed,
+    ones,
+    ones_like,
+    rand,
+    randn,
+    randn_like,
+    tensor,
+    zeros,
+    zeros_like,
+)
+from ge2.autograd.math import (  # noqa: F401
+    abs,
+    add,
+    amax,
+    cat,
+    div,
+    exp,
+    expand,
+    flatten,
+    log,
+    max,
+    mean,
+    mul,
+    neg,
+    permute,
+    pow,
+    relu,
+    reshape,
+    sigmoid,
+    sqrt,
+    squeeze,
+    stack,
+    sub,
+    sum,
+    tanh,
+    transpose,
+    unsqueeze,
+    where,
+)
+from ge2.autograd.linalg import matmul  # noqa: F401
+
+from torch import (  # noqa: F401,E402  (dtypes are torch's: ge2 tensors hold torch memory)
+    bfloat16,
+    bool,
+    float16,
+    float32,
+    float64,
+    int8,
+    int16,
+    int32,
+    int64,
+    uint8,
+)
+
+float = float32  # noqa: A001
+half = float16
+double = float64
+long = int64

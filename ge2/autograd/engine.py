@@ -1,0 +1,102 @@
+"""The backward engine: walk the recorded Nodes in reverse topological order, iteratively.
+
+Dependencies are counted first (how many edges point at each node), then nodes run once all
+their consumers have delivered gradients (Kahn's algorithm), so a tensor used several times gets
+the sum of its gradients and a 10,000-op chain needs no recursion.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ge2 import backend
+from ge2.autograd.function import Node
+from ge2.autograd.grad_mode import no_grad
+
+if TYPE_CHECKING:
+    from ge2.autograd.tensor import Tensor
+
+
+def _accumulate(tensor: "Tensor", grad: torch.Tensor, owned: set[int]) -> None:
+    """tensor.grad += grad, never letting two .grad buffers alias one another or a view."""
+    from ge2.autograd.tensor import Tensor
+
+    if tensor.grad is None:
+        if id(grad) in owned or grad._base is not None or not grad.is_contiguous():
+            grad = grad.clone(memory_format=torch.contiguous_format)
+        owned.add(id(grad))
+        tensor.grad = Tensor(grad)
+    else:
+        tensor.grad.data = backend.call("add", tensor.grad.data, grad)
+
+
+def _add(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
+    return b if a is None else backend.call("add", a, b)
+
+
+def run_backward(root: "Tensor", gradient: torch.Tensor, retain_graph: bool) -> None:
+    """Propagate ``gradient`` (d loss / d root) to every leaf that requires grad."""
+    owned: set[int] = {id(gradient)}
+    with no_grad():
+        if root.grad_fn is None:
+            _accumulate(root, gradient, owned)
+            return
+        deps: dict[Node, int] = {}
+        stack = [root.grad_fn]
+        seen = {root.grad_fn}
+        while stack:
+            node = stack.pop()
+            for edge in node.edges:
+                if edge is not None and isinstance(edge[0], Node):
+                    nxt = edge[0]
+                    deps[nxt] = deps.get(nxt, 0) + 1
+                    if nxt not in seen:
+                        seen.add(nxt)
+                        stack.append(nxt)
+
+        buffers: dict[Node, list] = {root.grad_fn: [None] * root.grad_fn.n_outputs}
+        buffers[root.grad_fn][root._out_idx] = gradient
+        ready = [root.grad_fn]
+        while ready:
+            node = ready.pop()
+            grads_out = buffers.pop(node)
+            if node.retained:
+                for i, ref in node.retained.items():
+                    t = ref()
+                    if t is not None and grads_out[i] is not None:
+                        _accumulate(t, grads_out[i], owned)
+            if all(g is None for g in grads_out):
+                grads_in = (None,) * len(node.edges)
+            else:
+                grads_in = node.fn.backward(node.ctx, *grads_out)
+                if not isinstance(grads_in, tuple):
+                    grads_in = (grads_in,)
+                if len(grads_in) != len(node.edges):
+                    raise RuntimeError(
+                        f"{node.name} returned {len(grads_in)} gradients, expected {len(node.edges)}"
+                    )
+            if not retain_graph:
+                node.ctx._release()
+            for i, (edge, g) in enumerate(zip(node.edges, grads_in)):
+                if edge is None:
+                    continue
+                if g is not None:
+                    shape, dtype = node.input_meta[i]
+                    if tuple(g.shape) != tuple(shape):
+                        raise RuntimeError(
+                            f"{node.name} returned a gradient of shape {list(g.shape)} for input {i} "
+                            f"of shape {list(shape)}"
+                        )
+                    if g.dtype != dtype:
+                        g = g.to(dtype)
+                target, idx = edge
+                if isinstance(target, Node):
+                    buf = buffers.setdefault(target, [None] * target.n_outputs)
+                    if g is not None:
+                        buf[idx] = _add(buf[idx], g)
+                    deps[target] -= 1
+                    if deps[target] == 0:
+                        ready.append(target)
+                elif g is not None:
+                    _accumulate(target, g, owned)

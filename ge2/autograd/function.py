@@ -1,0 +1,137 @@
+"""``Function``: an op's forward and backward side by side; ``apply`` records a ``Node``.
+
+Forward and backward take and return torch tensors (ge2 Tensors arrive unwrapped) and do their
+math through ``ge2.backend.call``. The engine (``engine.py``) replays Nodes in reverse.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ge2.autograd import grad_mode
+
+
+class Version:
+    """A counter shared by a tensor and its views, bumped by every in-place write."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
+class Context:
+    """What forward leaves for backward: saved tensors (version-checked) and any attributes."""
+
+    def __init__(self, needs_input_grad: tuple[bool, ...]):
+        self.needs_input_grad = needs_input_grad
+        self._saved: tuple[torch.Tensor, ...] | None = ()
+        self._versions: list[tuple[Version, int] | None] = []
+        self._non_differentiable: set[int] = set()
+        self._released = False
+        self._node_name = ""
+
+    def save_for_backward(self, *tensors: torch.Tensor | None) -> None:
+        """Keep ``tensors`` for backward; modifying one in place before backward makes backward raise."""
+        self._saved = tensors
+
+    def mark_non_differentiable(self, *outputs: torch.Tensor) -> None:
+        """These forward outputs get no gradient (e.g. argmax indices)."""
+        self._non_differentiable.update(id(o) for o in outputs)
+
+    @property
+    def saved_tensors(self) -> tuple[torch.Tensor, ...]:
+        if self._released:
+            raise RuntimeError(
+                f"{self._node_name}: trying to backward through the graph a second time (or to read "
+                "saved tensors after they were freed). Pass retain_graph=True to the first backward "
+                "if you need to backward twice."
+            )
+        for i, entry in enumerate(self._versions):
+            if entry is not None and entry[0].value != entry[1]:
+                raise RuntimeError(
+                    f"{self._node_name}: one of the tensors needed for gradient computation (saved "
+                    f"tensor {i}) has been modified by an in-place operation: it is at version "
+                    f"{entry[0].value}, expected version {entry[1]}."
+                )
+        return self._saved  # type: ignore[return-value]
+
+    def _track_versions(self, tensors: list[Any]) -> None:
+        # Saved tensors that are inputs or outputs of the op can be modified later through their
+        # ge2 Tensor; remember the version they had when saved.
+        by_id = {id(t.data): t for t in tensors}
+        self._versions = [
+            (by_id[id(s)]._version_counter, by_id[id(s)]._version_counter.value) if id(s) in by_id else None
+            for s in (self._saved or ())
+        ]
+
+    def _release(self) -> None:
+        self._saved = None
+        self._released = True
+
+
+class Node:
+    """One recorded op: its backward, its context and the edges to the producers of its inputs.
+
+    ``edges[i]`` is None (input i needs no grad), ``(leaf_tensor, 0)`` or ``(node, output_index)``.
+    """
+
+    __slots__ = ("fn", "ctx", "edges", "input_meta", "n_outputs", "retained", "__weakref__")
+
+    def __init__(self, fn: type, ctx: Context, edges: list, input_meta: list, n_outputs: int):
+        self.fn = fn
+        self.ctx = ctx
+        self.edges = edges
+        self.input_meta = input_meta  # (shape, dtype) of each input that needs grad, for checks
+        self.n_outputs = n_outputs
+        self.retained: dict[int, Any] | None = None  # output index -> weakref of a retain_grad tensor
+
+    @property
+    def name(self) -> str:
+        return self.fn.__name__ + "Backward"
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+class Function:
+    """Subclass with static ``forward(ctx, *args)`` and ``backward(ctx, *grads)``; call ``apply``."""
+
+    @staticmethod
+    def forward(ctx: Context, *args: Any) -> Any:
+        raise NotImplementedError
+
+    @staticmethod
+    def backward(ctx: Context, *grads: Any) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def apply(cls, *args: Any) -> Any:
+        from ge2.autograd.tensor import Tensor
+
+        raw = tuple(a.data if isinstance(a, Tensor) else a for a in args)
+        needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
+        record = any(needs) and grad_mode.is_grad_enabled()
+        ctx = Context(needs)
+        out = cls.forward(ctx, *raw)
+        single = isinstance(out, torch.Tensor)
+        outs = (out,) if single else tuple(out)
+        inputs = [a for a in args if isinstance(a, Tensor)]
+        if record:
+            node = Node(
+                cls,
+                ctx,
+                [a._edge() if need else None for a, need in zip(args, needs)],
+                [(a.shape, a.dtype) if need else None for a, need in zip(args, needs)],
+                len(outs),
+            )
+            ctx._node_name = node.name
+            results = tuple(
+                Tensor._from_op(o, inputs, None if id(o) in ctx._non_differentiable else node, i)
+                for i, o in enumerate(outs)
+            )
+            ctx._track_versions(inputs + list(results))
+        else:
+            results = tuple(Tensor._from_op(o, inputs, None, i) for i, o in enumerate(outs))
+        return results[0] if single else results

@@ -1,0 +1,774 @@
+"""The core tensor ops with gradients: each Function's forward and backward side by side.
+
+Elementwise arithmetic (with NumPy broadcasting; gradients summed back to each input's shape),
+unary math and activations, reductions, comparisons and ``where``, and the view/shape ops. All
+arithmetic goes through ``ge2.backend.call``; view ops only re-stride torch tensors.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Sequence
+
+import torch
+
+from ge2 import backend
+from ge2.autograd import grad_mode
+from ge2.autograd.function import Context, Function
+from ge2.autograd.tensor import Tensor, _check_inplace
+from ge2.backend.schema import broadcast_shapes, normalize_dims, shape_str
+
+call = backend.call
+Operand = "Tensor | float | int | bool"
+
+
+def sum_to_shape(g: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """Sum a broadcast gradient back to ``shape`` (leading dims and size-1 dims), one reduction."""
+    shape = tuple(shape)
+    if tuple(g.shape) == shape:
+        return g
+    lead = g.dim() - len(shape)
+    dims = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape) if s == 1 and g.shape[lead + i] != 1)
+    if dims:
+        g = call("sum", g, dims=dims, keepdim=True)
+    return g.reshape(shape)
+
+
+def _operand(x, op: str):
+    if isinstance(x, Tensor) or isinstance(x, numbers.Number):
+        return x
+    if isinstance(x, torch.Tensor):
+        raise TypeError(f"{op}: got a torch.Tensor; wrap it with ge2.from_torch(t)")
+    raise TypeError(f"{op}: unsupported operand type {type(x).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------
+# binary arithmetic
+# ---------------------------------------------------------------------------------------------
+class Add(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.shapes = [tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in (a, b)]
+        return call("add", a, b)
+
+    @staticmethod
+    def backward(ctx, gy):
+        sa, sb = ctx.shapes
+        return (sum_to_shape(gy, sa) if ctx.needs_input_grad[0] else None,
+                sum_to_shape(gy, sb) if ctx.needs_input_grad[1] else None)
+
+
+class Sub(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.shapes = [tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in (a, b)]
+        return call("sub", a, b)
+
+    @staticmethod
+    def backward(ctx, gy):
+        sa, sb = ctx.shapes
+        return (sum_to_shape(gy, sa) if ctx.needs_input_grad[0] else None,
+                call("neg", sum_to_shape(gy, sb)) if ctx.needs_input_grad[1] else None)
+
+
+class _ProductLike(Function):
+    """mul, div, pow: the gradient needs both operands; one fused backward kernel gives both."""
+
+    op_name = ""
+
+    @classmethod
+    def forward(cls, ctx, a, b):
+        ctx.save_for_backward(a if isinstance(a, torch.Tensor) else None, b if isinstance(b, torch.Tensor) else None)
+        ctx.scalars = (a, b)
+        return call(cls.op_name, a, b)
+
+    @classmethod
+    def backward(cls, ctx, gy):
+        sa, sb = ctx.saved_tensors
+        a = sa if sa is not None else ctx.scalars[0]
+        b = sb if sb is not None else ctx.scalars[1]
+        need_a, need_b = ctx.needs_input_grad
+        return call("binary_backward", gy, a, b, op_name=cls.op_name, need_a=need_a, need_b=need_b)
+
+
+class Mul(_ProductLike):
+    op_name = "mul"
+
+
+class Div(_ProductLike):
+    op_name = "div"
+
+
+class Pow(_ProductLike):
+    op_name = "pow"
+
+
+def add(a, b) -> Tensor:
+    """a + b with broadcasting; either may be a Python number."""
+    return Add.apply(_operand(a, "add"), _operand(b, "add"))
+
+
+def sub(a, b) -> Tensor:
+    """a - b with broadcasting."""
+    return Sub.apply(_operand(a, "sub"), _operand(b, "sub"))
+
+
+def mul(a, b) -> Tensor:
+    """a * b with broadcasting."""
+    return Mul.apply(_operand(a, "mul"), _operand(b, "mul"))
+
+
+def div(a, b) -> Tensor:
+    """a / b (true division) with broadcasting."""
+    return Div.apply(_operand(a, "div"), _operand(b, "div"))
+
+
+def pow(a, b) -> Tensor:  # noqa: A001 (torch's name)
+    """a ** b with broadcasting."""
+    return Pow.apply(_operand(a, "pow"), _operand(b, "pow"))
+
+
+# ---------------------------------------------------------------------------------------------
+# unary math and activations
+# ---------------------------------------------------------------------------------------------
+class Neg(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return call("neg", x)
+
+    @staticmethod
+    def backward(ctx, gy):
+        return call("neg", gy)
+
+
+class _UnaryMath(Function):
+    """exp, log, sqrt, abs: f'(x) from the saved x or y, whichever the op needs."""
+
+    op_name = ""
+    saves = "x"
+
+    @classmethod
+    def forward(cls, ctx, x):
+        y = call(cls.op_name, x)
+        ctx.save_for_backward(x if cls.saves == "x" else y)
+        return y
+
+    @classmethod
+    def backward(cls, ctx, gy):
+        (s,) = ctx.saved_tensors
+        if cls.saves == "x":
+            return call("unary_backward", gy, s, None, op_name=cls.op_name)
+        return call("unary_backward", gy, None, s, op_name=cls.op_name)
+
+
+class Exp(_UnaryMath):
+    op_name, saves = "exp", "y"
+
+
+class Log(_UnaryMath):
+    op_name, saves = "log", "x"
+
+
+class Sqrt(_UnaryMath):
+    op_name, saves = "sqrt", "y"
+
+
+class Abs(_UnaryMath):
+    op_name, saves = "abs", "x"
+
+
+class Activation(Function):
+    """y = act(x); backward reads act' from y where it can (relu, leaky, sigmoid, tanh), else x."""
+
+    @staticmethod
+    def forward(ctx, x, act, alpha):
+        from ge2.kernels.activations import ACTIVATIONS, GRAD_FROM_Y
+
+        y = call("activation", x, act=act, alpha=alpha)
+        ctx.act, ctx.alpha = act, alpha
+        ctx.from_y = ACTIVATIONS.get(act) in GRAD_FROM_Y
+        ctx.save_for_backward(y if ctx.from_y else x)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        (s,) = ctx.saved_tensors
+        x, y = (None, s) if ctx.from_y else (s, None)
+        return call("activation_backward", gy, x, y, act=ctx.act, alpha=ctx.alpha), None, None
+
+
+def neg(x: Tensor) -> Tensor:
+    return Neg.apply(x)
+
+
+def exp(x: Tensor) -> Tensor:
+    return Exp.apply(x)
+
+
+def log(x: Tensor) -> Tensor:
+    return Log.apply(x)
+
+
+def sqrt(x: Tensor) -> Tensor:
+    return Sqrt.apply(x)
+
+
+def abs(x: Tensor) -> Tensor:  # noqa: A001
+    return Abs.apply(x)
+
+
+def activation(x: Tensor, act: str, alpha: float = 0.01) -> Tensor:
+    """act(x) for act in relu, leaky_relu (slope alpha), gelu, gelu_tanh, sigmoid, tanh, silu."""
+    return Activation.apply(x, act, alpha)
+
+
+def relu(x: Tensor) -> Tensor:
+    return Activation.apply(x, "relu", 0.01)
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    return Activation.apply(x, "sigmoid", 0.01)
+
+
+def tanh(x: Tensor) -> Tensor:
+    return Activation.apply(x, "tanh", 0.01)
+
+
+# ---------------------------------------------------------------------------------------------
+# reductions
+# ---------------------------------------------------------------------------------------------
+def _keepdim_shape(shape, dims) -> tuple[int, ...]:
+    return tuple(1 if i in dims else s for i, s in enumerate(shape))
+
+
+class Sum(Function):
+    @staticmethod
+    def forward(ctx, x, dims, keepdim):
+        ctx.shape = tuple(x.shape)
+        ctx.dims = normalize_dims("sum", dims, x.dim())
+        return call("sum", x, dims=dims, keepdim=keepdim)
+
+    @staticmethod
+    def backward(ctx, gy):
+        # d sum / dx broadcasts gy back: a stride-0 view, no kernel needed.
+        return gy.reshape(_keepdim_shape(ctx.shape, ctx.dims)).expand(ctx.shape), None, None
+
+
+class Mean(Function):
+    @staticmethod
+    def forward(ctx, x, dims, keepdim):
+        ctx.shape = tuple(x.shape)
+        ctx.dims = normalize_dims("mean", dims, x.dim())
+        ctx.count = 1
+        for d in ctx.dims:
+            ctx.count *= x.shape[d]
+        return call("mean", x, dims=dims, keepdim=keepdim)
+
+    @staticmethod
+    def backward(ctx, gy):
+        g = call("div", gy, ctx.count) if ctx.count != 1 else gy
+        return g.reshape(_keepdim_shape(ctx.shape, ctx.dims)).expand(ctx.shape), None, None
+
+
+class Amax(Function):
+    """max over dims (or all): ties share the gradient evenly, like torch.amax / Tensor.max()."""
+
+    @staticmethod
+    def forward(ctx, x, dims, keepdim):
+        y = call("amax", x, dims=dims, keepdim=keepdim)
+        ctx.dims = normalize_dims("amax", dims, x.dim())
+        ctx.save_for_backward(x, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, y = ctx.saved_tensors
+        keep = _keepdim_shape(x.shape, ctx.dims)
+        hit = call("eq", x, y.reshape(keep))
+        count = call("sum", hit, dims=ctx.dims, keepdim=True)
+        return call("where", hit, call("div", gy.reshape(keep), count), 0.0), None, None
+
+
+class MaxDim(Function):
+    """(values, indices) of the max along one dim; the gradient goes to the returned index."""
+
+    @staticmethod
+    def forward(ctx, x, dim, keepdim):
+        values, indices = call("max", x, dim=dim, keepdim=keepdim)
+        ctx.mark_non_differentiable(indices)
+        ctx.dim = normalize_dims("max", dim, x.dim())[0] if x.dim() else 0
+        ctx.shape = tuple(x.shape)
+        ctx.save_for_backward(indices)
+        return values, indices
+
+    @staticmethod
+    def backward(ctx, gy, _gi):
+        (indices,) = ctx.saved_tensors
+        if not ctx.shape:
+            return gy.reshape(()), None, None
+        keep = _keepdim_shape(ctx.shape, (ctx.dim,))
+        along = [1] * len(ctx.shape)
+        along[ctx.dim] = ctx.shape[ctx.dim]
+        positions = torch.arange(ctx.shape[ctx.dim], device=gy.device).reshape(along)
+        hit = call("eq", positions, indices.reshape(keep))
+        return call("where", hit, gy.reshape(keep), 0.0), None, None
+
+
+def sum(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001
+    """Sum over ``dim`` (int, tuple or None = all)."""
+    return Sum.apply(x, dim, keepdim)
+
+
+def mean(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
+    """Mean over ``dim`` (int, tuple or None = all)."""
+    return Mean.apply(x, dim, keepdim)
+
+
+def amax(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
+    """Max values over ``dim`` (int, tuple or None = all); NaN propagates."""
+    return Amax.apply(x, dim, keepdim)
+
+
+def max(x: Tensor, dim: int | None = None, keepdim: bool = False):  # noqa: A001
+    """``max(x)``: the largest element; ``max(x, dim)``: (values, indices) like torch."""
+    if dim is None:
+        return Amax.apply(x, None, False)
+    values, indices = MaxDim.apply(x, dim, keepdim)
+    return torch.return_types.max((values, indices))
+
+
+# ---------------------------------------------------------------------------------------------
+# comparisons and where
+# ---------------------------------------------------------------------------------------------
+def compare(op: str, a, b) -> Tensor:
+    """Elementwise comparison (eq ne lt le gt ge) -> bool tensor; no gradient."""
+    a, b = _operand(a, op), _operand(b, op)
+    return Tensor(call(op, a.data if isinstance(a, Tensor) else a, b.data if isinstance(b, Tensor) else b))
+
+
+class Where(Function):
+    @staticmethod
+    def forward(ctx, cond, a, b):
+        ctx.save_for_backward(cond)
+        ctx.shapes = [tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in (a, b)]
+        return call("where", cond, a, b)
+
+    @staticmethod
+    def backward(ctx, gy):
+        (cond,) = ctx.saved_tensors
+        sa, sb = ctx.shapes
+        ga = sum_to_shape(call("where", cond, gy, 0.0), sa) if ctx.needs_input_grad[1] else None
+        gb = sum_to_shape(call("where", cond, 0.0, gy), sb) if ctx.needs_input_grad[2] else None
+        return None, ga, gb
+
+
+def where(cond: Tensor, a, b) -> Tensor:
+    """Elementwise ``a if cond else b`` with broadcasting; a/b may be numbers."""
+    if not isinstance(cond, Tensor):
+        raise TypeError(f"where: cond must be a Tensor, got {type(cond).__name__}")
+    return Where.apply(cond, _operand(a, "where"), _operand(b, "where"))
+
+
+# ---------------------------------------------------------------------------------------------
+# views and shape ops (torch re-strides; no arithmetic)
+# ---------------------------------------------------------------------------------------------
+def _infer_shape(op: str, shape, numel: int) -> tuple[int, ...]:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+        shape = tuple(shape[0])
+    shape = tuple(int(s) for s in shape)
+    if shape.count(-1) > 1:
+        raise ValueError(f"{op}: only one dimension can be inferred, got {shape_str(shape)}")
+    known = 1
+    for s in shape:
+        if s != -1:
+            if s < 0:
+                raise ValueError(f"{op}: invalid size {s} in {shape_str(shape)}")
+            known *= s
+    if -1 in shape:
+        if known == 0 or numel % known:
+            raise ValueError(f"{op}: shape {shape_str(shape)} is invalid for input of size {numel}")
+        shape = tuple(numel // known if s == -1 else s for s in shape)
+    elif known != numel:
+        raise ValueError(f"{op}: shape {shape_str(shape)} is invalid for input of size {numel}")
+    return shape
+
+
+class Reshape(Function):
+    @staticmethod
+    def forward(ctx, x, shape, must_view):
+        ctx.shape = tuple(x.shape)
+        shape = _infer_shape("view" if must_view else "reshape", shape, x.numel())
+        if must_view:
+            try:
+                return x.view(shape)
+            except RuntimeError as e:
+                raise ValueError(
+                    f"view: cannot view a tensor of shape {list(x.shape)} and strides {list(x.stride())} "
+                    f"as {shape_str(shape)} without a copy; use reshape"
+                ) from e
+        return x.reshape(shape)
+
+    @staticmethod
+    def backward(ctx, gy):
+        return gy.reshape(ctx.shape), None, None
+
+
+class Permute(Function):
+    @staticmethod
+    def forward(ctx, x, dims):
+        ctx.inverse = [0] * len(dims)
+        for i, d in enumerate(dims):
+            ctx.inverse[d] = i
+        return x.permute(dims)
+
+    @staticmethod
+    def backward(ctx, gy):
+        return gy.permute(ctx.inverse), None
+
+
+class Expand(Function):
+    @staticmethod
+    def forward(ctx, x, shape):
+        ctx.shape = tuple(x.shape)
+        return x.expand(shape)
+
+    @staticmethod
+    def backward(ctx, gy):
+        return sum_to_shape(gy, ctx.shape), None
+
+
+class Restride(Function):
+    """squeeze/unsqueeze and friends: a view whose gradient is gy reshaped back."""
+
+    @staticmethod
+    def forward(ctx, x, fn):
+        ctx.shape = tuple(x.shape)
+        return fn(x)
+
+    @staticmethod
+    def backward(ctx, gy):
+        return gy.reshape(ctx.shape), None
+
+
+class Index(Function):
+    """Basic indexing (ints, slices, None, Ellipsis): a view; the gradient scatters into zeros."""
+
+    @staticmethod
+    def forward(ctx, x, key):
+        ctx.shape, ctx.dtype, ctx.key = tuple(x.shape), x.dtype, key
+        return x[key]
+
+    @staticmethod
+    def backward(ctx, gy):
+        gx = torch.zeros(ctx.shape, dtype=gy.dtype, device=gy.device)
+        gx[ctx.key] = gy
+        return gx, None
+
+
+class Copy(Function):
+    """clone / contiguous / dtype and device casts: a copy whose gradient is copied back."""
+
+    @staticmethod
+    def forward(ctx, x, dtype, device, contiguous_only):
+        ctx.dtype, ctx.device = x.dtype, x.device
+        if contiguous_only:
+            return x.contiguous()
+        out = torch.empty(x.shape, dtype=dtype, device=device)
+        out.copy_(x)
+        return out
+
+    @staticmethod
+    def backward(ctx, gy):
+        return gy.to(device=ctx.device, dtype=ctx.dtype), None, None, None
+
+
+class Cat(Function):
+    @staticmethod
+    def forward(ctx, dim, *xs):
+        ctx.dim, ctx.sizes = dim, [x.shape[dim] for x in xs]
+        shape = list(xs[0].shape)
+        shape[dim] = 0
+        for s in ctx.sizes:
+            shape[dim] += s
+        out = torch.empty(shape, dtype=xs[0].dtype, device=xs[0].device)
+        start = 0
+        for x, s in zip(xs, ctx.sizes):
+            out.narrow(dim, start, s).copy_(x)
+            start += s
+        return out
+
+    @staticmethod
+    def backward(ctx, gy):
+        grads, start = [], 0
+        for need, s in zip(ctx.needs_input_grad[1:], ctx.sizes):
+            grads.append(gy.narrow(ctx.dim, start, s) if need else None)
+            start += s
+        return (None, *grads)
+
+
+def _norm_dim(op: str, dim: int, ndim: int) -> int:
+    return normalize_dims(op, dim, ndim)[0] if ndim else 0
+
+
+def reshape(x: Tensor, *shape) -> Tensor:
+    return Reshape.apply(x, shape, False)
+
+
+def view(x: Tensor, *shape) -> Tensor:
+    return Reshape.apply(x, shape, True)
+
+
+def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    if x.ndim == 0:
+        return reshape(x, 1)
+    s, e = _norm_dim("flatten", start_dim, x.ndim), _norm_dim("flatten", end_dim, x.ndim)
+    if s > e:
+        raise ValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}")
+    shape = list(x.shape)
+    merged = 1
+    for d in shape[s:e + 1]:
+        merged *= d
+    return reshape(x, *shape[:s], merged, *shape[e + 1:])
+
+
+def permute(x: Tensor, *dims) -> Tensor:
+    if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+        dims = tuple(dims[0])
+    if sorted(_norm_dim("permute", d, x.ndim) for d in dims) != list(range(x.ndim)):
+        raise ValueError(f"permute: dims {list(dims)} are not a permutation of {x.ndim} dims")
+    return Permute.apply(x, tuple(_norm_dim("permute", d, x.ndim) for d in dims))
+
+
+def transpose(x: Tensor, dim0: int, dim1: int) -> Tensor:
+    d0, d1 = _norm_dim("transpose", dim0, x.ndim), _norm_dim("transpose", dim1, x.ndim)
+    dims = list(range(x.ndim))
+    dims[d0], dims[d1] = d1, d0
+    return Permute.apply(x, tuple(dims))
+
+
+def expand(x: Tensor, *shape) -> Tensor:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+        shape = tuple(shape[0])
+    if len(shape) < x.ndim:
+        raise ValueError(f"expand: target {shape_str(shape)} has fewer dims than the tensor {list(x.shape)}")
+    lead = len(shape) - x.ndim
+    target = tuple(x.shape[i - lead] if (s == -1 and i >= lead) else s for i, s in enumerate(shape))
+    for i, size in enumerate(x.shape):
+        if size != 1 and size != target[lead + i]:
+            raise ValueError(f"expand: cannot expand shape {list(x.shape)} to {shape_str(shape)}")
+    return Expand.apply(x, target)
+
+
+def broadcast_to(x: Tensor, shape) -> Tensor:
+    return expand(x, tuple(shape))
+
+
+def unsqueeze(x: Tensor, dim: int) -> Tensor:
+    d = _norm_dim("unsqueeze", dim, x.ndim + 1)
+    return Restride.apply(x, lambda t: t.unsqueeze(d))
+
+
+def squeeze(x: Tensor, dim=None) -> Tensor:
+    if dim is None:
+        return Restride.apply(x, lambda t: t.squeeze())
+    dims = normalize_dims("squeeze", dim, x.ndim)
+    return Restride.apply(x, lambda t: t.squeeze(dims))
+
+
+def index(x: Tensor, key) -> Tensor:
+    """x[key] for basic keys (ints, slices, None, Ellipsis)."""
+    keys = key if isinstance(key, tuple) else (key,)
+    for k in keys:
+        if not (k is None or k is Ellipsis or isinstance(k, (int, slice))) or isinstance(k, bool):
+            raise TypeError(
+                f"index: ge2 supports basic indexing (int, slice, None, ...); got {type(k).__name__}"
+            )
+        if isinstance(k, slice) and k.step is not None and k.step <= 0:
+            raise ValueError(f"index: slice step must be positive, got {k.step}")
+    try:
+        return Index.apply(x, key)
+    except IndexError as e:
+        raise IndexError(f"index: {e} (tensor shape {list(x.shape)})") from None
+
+
+def to(x: Tensor, device=None, dtype: torch.dtype | None = None) -> Tensor:
+    from ge2.autograd.tensor import _resolve
+
+    dev = x.device if device is None else _resolve(device)
+    dt = x.dtype if dtype is None else dtype
+    if dev == x.device and dt == x.dtype:
+        return x
+    return Copy.apply(x, dt, dev, False)
+
+
+def clone(x: Tensor) -> Tensor:
+    return Copy.apply(x, x.dtype, x.device, False)
+
+
+def contiguous(x: Tensor) -> Tensor:
+    return x if x.is_contiguous() else Copy.apply(x, x.dtype, x.device, True)
+
+
+def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """Concatenate along ``dim``; shapes must match elsewhere."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("cat: expected a non-empty list of tensors")
+    for i, t in enumerate(tensors):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"cat: tensors[{i}] is a {type(t).__name__}, expected a Tensor")
+    first = tensors[0]
+    d = _norm_dim("cat", dim, first.ndim)
+    for i, t in enumerate(tensors[1:], start=1):
+        if t.ndim != first.ndim or any(a != b for j, (a, b) in enumerate(zip(t.shape, first.shape)) if j != d):
+            raise ValueError(
+                f"cat: tensors[{i}] has shape {list(t.shape)}, incompatible with tensors[0] {list(first.shape)} along dim {d}"
+            )
+        if t.dtype != first.dtype:
+            raise TypeError(f"cat: tensors[{i}] has dtype {t.dtype}, tensors[0] has {first.dtype}")
+        if t.device != first.device:
+            raise ValueError(f"cat: tensors[{i}] is on {t.device}, tensors[0] on {first.device}")
+    return Cat.apply(d, *tensors)
+
+
+def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """Stack equal-shaped tensors along a new ``dim``."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("stack: expected a non-empty list of tensors")
+    for i, t in enumerate(tensors):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"stack: tensors[{i}] is a {type(t).__name__}, expected a Tensor")
+        if t.shape != tensors[0].shape:
+            raise ValueError(f"stack: tensors[{i}] has shape {list(t.shape)}, tensors[0] has {list(tensors[0].shape)}")
+    d = _norm_dim("stack", dim, tensors[0].ndim + 1)
+    return cat([unsqueeze(t, d) for t in tensors], d)
+
+
+# ---------------------------------------------------------------------------------------------
+# in-place ops
+# ---------------------------------------------------------------------------------------------
+def inplace(x: Tensor, result_fn, op: str) -> Tensor:
+    """Write ``result_fn()`` into x's memory, bump its version; record the op if grad is on.
+
+    Under grad mode a non-leaf x is rebound to the new node (its old value, if saved by an
+    earlier op, is detected as modified at backward); views of tensors that need grad are refused.
+    """
+    _check_inplace(x, op)
+    result = result_fn()
+    if result.shape != x.shape:
+        raise ValueError(f"{op}: result of shape {list(result.shape)} cannot be written into {list(x.shape)}")
+    if result.requires_grad and grad_mode.is_grad_enabled():
+        if x.data._base is not None and x.requires_grad:
+            raise RuntimeError(f"{op}: in-place on a view of a tensor that requires grad is not supported")
+        x.grad_fn, x._out_idx, x._requires_grad = result.grad_fn, result._out_idx, True
+    x.data.copy_(result.data)
+    x._version_counter.value += 1
+    return x
+
+
+def _install_methods() -> None:
+    """Tensor's operators and methods, each a call to a functional op above."""
+    from ge2.autograd import linalg
+
+    T = Tensor
+
+    def cmp(op):
+        return lambda self, other: compare(op, self, other)
+
+    T.__add__ = lambda self, o: add(self, o)
+    T.__radd__ = lambda self, o: add(o, self)
+    T.__sub__ = lambda self, o: sub(self, o)
+    T.__rsub__ = lambda self, o: sub(o, self)
+    T.__mul__ = lambda self, o: mul(self, o)
+    T.__rmul__ = lambda self, o: mul(o, self)
+    T.__truediv__ = lambda self, o: div(self, o)
+    T.__rtruediv__ = lambda self, o: div(o, self)
+    T.__pow__ = lambda self, o: pow(self, o)
+    T.__rpow__ = lambda self, o: pow(o, self)
+    T.__neg__ = neg
+    T.__pos__ = lambda self: self
+    T.__abs__ = abs
+    T.__matmul__ = lambda self, o: linalg.matmul(self, o)
+    T.__rmatmul__ = lambda self, o: linalg.matmul(o, self)
+    for op in ("eq", "ne", "lt", "le", "gt", "ge"):
+        setattr(T, f"__{op}__", cmp(op))
+        setattr(T, op, cmp(op))
+    T.__hash__ = object.__hash__
+    T.add, T.sub, T.mul, T.div, T.pow = add, sub, mul, div, pow
+    T.neg, T.exp, T.log, T.sqrt, T.abs = neg, exp, log, sqrt, abs
+    T.relu, T.sigmoid, T.tanh = relu, sigmoid, tanh
+    T.sum, T.mean, T.max, T.amax = sum, mean, max, amax
+    T.matmul = lambda self, o: linalg.matmul(self, o)
+    T.reshape, T.view, T.flatten, T.permute, T.transpose = reshape, view, flatten, permute, transpose
+    T.expand, T.broadcast_to, T.unsqueeze, T.squeeze = expand, broadcast_to, unsqueeze, squeeze
+    T.clone, T.contiguous = clone, contiguous
+    T.T = property(lambda self: permute(self, *reversed(range(self.ndim))))
+    T.mT = property(lambda self: transpose(self, -2, -1))
+    T.__getitem__ = index
+
+    def to_method(self, *args, **kwargs):
+        device, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
+        if kwargs:
+            raise TypeError(f"to: unexpected arguments {sorted(kwargs)}")
+        for a in args:
+            if isinstance(a, torch.dtype):
+                dtype = a
+            elif isinstance(a, Tensor):
+                device, dtype = a.device, a.dtype
+            else:
+                device = a
+        return to(self, device=device, dtype=dtype)
+
+    T.to = to_method
+
+    def _setitem(self, key, value):
+        _check_inplace(self, "setitem")
+        if self.requires_grad and grad_mode.is_grad_enabled():
+            raise RuntimeError("setitem: assigning into a tensor that requires grad is not supported")
+        target = self.data[key]
+        if isinstance(value, Tensor):
+            target.copy_(value.data)
+        elif isinstance(value, numbers.Number):
+            target.fill_(value)
+        else:
+            raise TypeError(f"setitem: value must be a Tensor or a number, got {type(value).__name__}")
+        self._version_counter.value += 1
+
+    T.__setitem__ = _setitem
+
+    def make_inplace(fn, name):
+        def method(self, other):
+            return inplace(self, lambda: fn(self, other), name)
+        return method
+
+    for name, fn in (("add", add), ("sub", sub), ("mul", mul), ("div", div), ("pow", pow)):
+        setattr(T, f"{name}_", make_inplace(fn, f"{name}_"))
+    T.__iadd__ = make_inplace(add, "add_")
+    T.__isub__ = make_inplace(sub, "sub_")
+    T.__imul__ = make_inplace(mul, "mul_")
+    T.__itruediv__ = make_inplace(div, "div_")
+
+    def zero_(self):
+        _check_inplace(self, "zero_")
+        self.data.zero_()
+        self._version_counter.value += 1
+        return self
+
+    def fill_(self, value):
+        _check_inplace(self, "fill_")
+        self.data.fill_(value)
+        self._version_counter.value += 1
+        return self
+
+    def copy_(self, src):
+        _check_inplace(self, "copy_")
+        src_data = src.data if isinstance(src, Tensor) else src
+        broadcast_shapes("copy_", ["self", "src"], [tuple(self.shape), tuple(src_data.shape)])
+        self.data.copy_(src_data)
+        self._version_counter.value += 1
+        return self
+
+    T.zero_, T.fill_, T.copy_ = zero_, fill_, copy_
+
+
+_install_methods()
