@@ -1,0 +1,186 @@
+"""GEMM epilogue ops ("gemm", "gemm_backward") against float64 references and torch autograd.
+
+Every act x bias kind x trans_a x trans_b combination runs forward and backward on tiny odd
+shapes (the interpreter's budget); the precision tests (fp32 ieee/tf32, bf16, fp16) judge the
+error against torch's own in the same mode, on larger shapes when ``numerics.LARGE``.
+"""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import ge2
+from ge2.backend import call
+from ge2.backend.torch_backend.elementwise import _ACT
+from ge2.kernels.activations import ACTIVATIONS, act_code, needs_z
+from tests.numerics import DEVICE, LARGE, assert_matches, randn, rel_error
+
+BIAS_KINDS = ("none", "scalar", "per_m", "per_n")
+# (M, N, K): odd sizes, size-1 dims, one shape over the interpreter's 32-wide tiles in every dim.
+SHAPES = [(7, 5, 3), (1, 9, 4), (6, 1, 5), (33, 17, 65), (5, 8, 1), (3, 40, 7)]
+COMBOS = list(itertools.product(ACTIVATIONS, BIAS_KINDS, (False, True), (False, True)))
+
+
+def _operand(rows: int, cols: int, trans: bool, *, dtype=torch.float32, noncontig=False, seed=None, batch=None):
+    """A tensor whose op(...) is [rows, cols]: stored [cols, rows] when ``trans``."""
+    shape = (cols, rows) if trans else (rows, cols)
+    if batch is not None:
+        shape = (batch, *shape)
+    return randn(*shape, dtype=dtype, noncontig=noncontig, seed=seed)
+
+
+def _bias(kind: str, M: int, N: int, dtype=torch.float32, seed=None):
+    n = {"none": 0, "scalar": 1, "per_m": M, "per_n": N}[kind]
+    return randn(n, dtype=dtype, seed=seed) if n else None
+
+
+def _reference(a, b, c, bias, *, trans_a, trans_b, alpha, beta, bias_kind, act, act_alpha, dtype=None):
+    """(y, z) of the same expression with torch ops (in ``dtype``, default the inputs' dtype)."""
+    dtype = dtype or a.dtype
+    op_a = a.to(dtype).transpose(-1, -2) if trans_a else a.to(dtype)
+    op_b = b.to(dtype).transpose(-1, -2) if trans_b else b.to(dtype)
+    z = alpha * (op_a @ op_b)
+    if c is not None and beta != 0.0:
+        z = z + beta * c.to(dtype)
+    if bias_kind == "scalar":
+        z = z + bias.to(dtype).reshape(())
+    elif bias_kind == "per_m":
+        z = z + bias.to(dtype)[:, None]
+    elif bias_kind == "per_n":
+        z = z + bias.to(dtype)
+    return _ACT[act](z, act_alpha), z
+
+
+def _case(i: int, act: str, bias_kind: str, trans_a: bool, trans_b: bool, dtype=torch.float32):
+    """Inputs for combination ``i``: shapes cycle through SHAPES; every other case is strided and has C."""
+    M, N, K = SHAPES[i % len(SHAPES)]
+    noncontig = i % 2 == 1
+    a = _operand(M, K, trans_a, dtype=dtype, noncontig=noncontig, seed=i)
+    b = _operand(K, N, trans_b, dtype=dtype, noncontig=not noncontig, seed=1000 + i)
+    c = randn(M, N, dtype=dtype, seed=2000 + i) if noncontig else None
+    attrs = dict(trans_a=trans_a, trans_b=trans_b, alpha=0.75 if noncontig else 1.0, beta=-0.5 if noncontig else 0.0,
+                 bias_kind=bias_kind, act=act, act_alpha=0.05 if act == "leaky_relu" and noncontig else 0.01)
+    return a, b, c, _bias(bias_kind, M, N, dtype, seed=3000 + i), attrs
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("act,bias_kind,trans_a,trans_b", COMBOS)
+def test_forward_every_combination(act, bias_kind, trans_a, trans_b):
+    i = COMBOS.index((act, bias_kind, trans_a, trans_b))
+    a, b, c, bias, attrs = _case(i, act, bias_kind, trans_a, trans_b)
+    y, z = call("gemm", a, b, c, bias, save_z=True, **attrs)
+    y64, z64 = _reference(a, b, c, bias, dtype=torch.float64, **attrs)
+    y32, _ = _reference(a, b, c, bias, **attrs)
+    assert y.shape == y64.shape and y.is_contiguous() and y.dtype == a.dtype
+    assert_matches(y, y64, y32, name=f"y[{act},{bias_kind}]")
+    if needs_z(act_code("test", act)):
+        assert_matches(z, z64, name="z")
+        # Y == act(Z): the epilogue applies act to exactly the Z it stores.
+        assert rel_error(y, _ACT[act](z.double(), attrs["act_alpha"])) <= 2e-6
+    else:
+        assert z is None  # act' comes from Y: no Z stash
+
+
+def test_forward_batched_broadcast_and_strided():
+    B, M, N, K = 3, 9, 6, 13
+    a = randn(B, M, K, noncontig=True, seed=1)
+    w = randn(N, K, seed=2)  # one weight for every batch entry, transposed, batch stride 0
+    b = w.expand(B, N, K)
+    bias = randn(N, seed=3)
+    y, z = call("gemm", a, b, None, bias, trans_b=True, bias_kind="per_n", act="silu", save_z=True)
+    y64, z64 = _reference(a, b, None, bias, trans_a=False, trans_b=True, alpha=1.0, beta=0.0,
+                          bias_kind="per_n", act="silu", act_alpha=0.01, dtype=torch.float64)
+    y32, _ = _reference(a, b, None, bias, trans_a=False, trans_b=True, alpha=1.0, beta=0.0,
+                        bias_kind="per_n", act="silu", act_alpha=0.01)
+    assert y.shape == (B, M, N)
+    assert_matches(y, y64, y32, name="y")
+    assert_matches(z, z64, name="z")
+
+
+def test_forward_matches_torch_backend():
+    a, b, c, bias, attrs = _case(3, "gelu", "per_m", True, False)
+    y, z = call("gemm", a, b, c, bias, save_z=True, **attrs)
+    with ge2.use_backend("torch"):
+        yt, zt = call("gemm", a, b, c, bias, save_z=True, **attrs)
+    assert rel_error(y, yt) <= 2e-6 and rel_error(z, zt) <= 2e-6
+
+
+def test_beta_zero_ignores_c():
+    a, b = randn(5, 4, seed=1), randn(4, 3, seed=2)
+    c = torch.full((5, 3), float("nan"), device=DEVICE)
+    y, _ = call("gemm", a, b, c, beta=0.0)
+    assert torch.isfinite(y).all()
+
+
+def test_out_dtype():
+    a, b = randn(7, 5, dtype=torch.bfloat16, seed=1), randn(5, 3, dtype=torch.bfloat16, seed=2)
+    y, _ = call("gemm", a, b, out_dtype=torch.float32)
+    assert y.dtype == torch.float32
+    assert_matches(y, a.double() @ b.double(), name="y")
+
+
+# ---------------------------------------------------------------------------------------------
+# Precision modes: error vs float64 <= 2x torch's own error in the same mode
+# ---------------------------------------------------------------------------------------------
+PRECISION_CASES = [(torch.float32, "ieee"), (torch.float32, "tf32"), (torch.float32, "tf32x3"),
+                   (torch.bfloat16, "ieee"), (torch.float16, "ieee")]
+
+
+@pytest.mark.parametrize("dtype,precision", PRECISION_CASES)
+def test_precision_modes(dtype, precision):
+    M, N, K = (1031, 771, 1283) if LARGE else (37, 29, 45)
+    a = _operand(M, K, True, dtype=dtype, seed=11)
+    b = _operand(K, N, False, dtype=dtype, seed=12)
+    bias = _bias("per_n", M, N, dtype, seed=13)
+    attrs = dict(trans_a=True, trans_b=False, alpha=1.0, beta=0.0, bias_kind="per_n", act="gelu", act_alpha=0.01)
+    old = ge2.set_matmul_precision(precision)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:
+        y, z = call("gemm", a, b, None, bias, save_z=True, **attrs)
+        # torch's own result in the same mode: tf32 (and tf32x3, judged against plain tf32) on
+        # cuBLAS, 16-bit operands with fp32 accumulation.
+        torch.backends.cuda.matmul.allow_tf32 = precision != "ieee"
+        y_torch, z_torch = _reference(a, b, None, bias, **attrs)
+    finally:
+        ge2.set_matmul_precision(old)
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    y64, z64 = _reference(a, b, None, bias, dtype=torch.float64, **attrs)
+    assert_matches(z, z64, z_torch, name=f"z {dtype} {precision}")
+    assert_matches(y, y64, y_torch, name=f"y {dtype} {precision}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: a clear error naming the op and the argument
+# ---------------------------------------------------------------------------------------------
+def _bad_inputs():
+    a, b = randn(4, 3, seed=1), randn(3, 5, seed=2)
+    return [
+        ((a, randn(4, 5)), {}, ValueError, "inner dimensions differ"),
+        ((a, b.t()), {"trans_b": False}, ValueError, "inner dimensions differ"),
+        ((a, b, None, randn(4)), {"bias_kind": "per_n"}, ValueError, "bias_kind 'per_n' needs a bias of [5]"),
+        ((a, b, None, randn(5)), {"bias_kind": "per_m"}, ValueError, "bias_kind 'per_m' needs a bias of [4]"),
+        ((a, b, None, randn(2)), {"bias_kind": "scalar"}, ValueError, "needs a bias of 1 element"),
+        ((a, b, None, randn(5)), {}, ValueError, "bias_kind is 'none'"),
+        ((a, b), {"bias_kind": "per_n"}, ValueError, "bias is None"),
+        ((a, b, None, randn(5)), {"bias_kind": "per_col"}, ValueError, "bias_kind must be one of"),
+        ((a, b.double()), {}, TypeError, "same dtype"),
+        ((a.int(), b), {}, TypeError, "a has dtype int32"),
+        ((randn(3), b), {}, ValueError, "a must be 2-D or 3-D, got shape [3]"),
+        ((a, randn(2, 3, 5)), {}, ValueError, "must both be 2-D or both 3-D"),
+        ((randn(2, 4, 3), randn(3, 3, 5)), {}, ValueError, "batch sizes differ"),
+        ((a, b, randn(5, 4)), {"beta": 1.0}, ValueError, "c has shape [5, 4]"),
+        ((a, b), {"act": "swish"}, ValueError, "unknown activation 'swish'"),
+        ((a, b), {"act": "leaky_relu", "act_alpha": 0.0}, ValueError, "slope must be > 0"),
+        ((a, b.to("meta")), {}, ValueError, "b is on meta"),
+    ]
+
+
+@pytest.mark.parametrize("inputs,attrs,error,message", _bad_inputs())
+def test_bad_input(inputs, attrs, error, message):
+    with pytest.raises(error) as info:
+        call("gemm", *inputs, **attrs)
+    assert str(info.value).startswith("gemm:") and message in str(info.value), str(info.value)
