@@ -52,4 +52,4 @@ def randn(*shape: int, dtype=torch.float32, device=None, noncontig: bool = False
     if noncontig and shape:
         wide = torch.randn(*shape[:-1], 2 * shape[-1], generator=g, dtype=torch.float64)
         return wide.to(device=device, dtype=dtype)[..., 1::2]
-    return torch.randn(*shape, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+    return torch.randn(shape, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)

@@ -35,21 +35,21 @@ class MatMul(Function):
         b2 = b.unsqueeze(-1) if ctx.b_vec else b
         ctx.save_for_backward(a, b)
         y = _batched_matmul(a2, b2)
+        ctx.y2_shape = y.shape
+        # Drop the dims that 1-D operands were promoted with, as torch.matmul does.
+        shape = list(y.shape)
         if ctx.b_vec:
-            y = y.squeeze(-1)
+            del shape[-1]
         if ctx.a_vec:
-            y = y.squeeze(-2)
-        return y
+            del shape[-1 if ctx.b_vec else -2]
+        return y.reshape(shape)
 
     @staticmethod
     def backward(ctx, gy):
         a, b = ctx.saved_tensors
         a2 = a.unsqueeze(0) if ctx.a_vec else a
         b2 = b.unsqueeze(-1) if ctx.b_vec else b
-        if ctx.a_vec:
-            gy = gy.unsqueeze(-2)
-        if ctx.b_vec:
-            gy = gy.unsqueeze(-1)
+        gy = gy.reshape(ctx.y2_shape)
         ga = gb = None
         if ctx.needs_input_grad[0]:
             ga = sum_to_shape(_batched_matmul(gy, b2.mT), a2.shape).reshape(a.shape)

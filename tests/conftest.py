@@ -1,0 +1,21 @@
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))  # tests/numerics.py importable as `numerics`
+
+import ge2  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _isolate_global_state():
+    """Every test starts on the triton backend (GE2_TEST_BACKEND=torch runs the suite on the
+    oracle, to check the tests themselves), ieee precision and grad mode on."""
+    precision = ge2.get_matmul_precision()
+    backend = ge2.get_backend()
+    ge2.use_backend(os.environ.get("GE2_TEST_BACKEND", "triton"))
+    yield
+    ge2.set_matmul_precision(precision)
+    ge2.use_backend(backend)
+    ge2.set_grad_enabled(True)
