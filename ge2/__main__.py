@@ -1,0 +1,5 @@
+import sys
+
+from ge2.cli import main
+
+sys.exit(main())
