@@ -4,3 +4,4 @@ This is the one place in ``ge2/`` where torch does arithmetic; the product path 
 unless the user asks for ``ge2.use_backend("torch")``.
 """
 from ge2.backend.torch_backend import elementwise, reduction, gemm  # noqa: F401
+from ge2.backend.torch_backend import softmax, losses  # noqa: F401

@@ -1,0 +1,189 @@
+"""Loss ops: schemas and Triton implementations (kernels in ``ge2.kernels.cross_entropy``/``losses``).
+
+Class-index losses (logits/log-probs [N, C, d...] or [C]; target [N, d...] or 0-d, any int dtype):
+``cross_entropy(logits, target, weight=None, *, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+check_targets=None) -> loss``
+``cross_entropy_fwd_bwd(... same ..., inplace=False) -> (loss, dlogits)``  dlogits for gy = 1, in one
+    pass; with ``inplace`` written into the logits buffer (the caller must own it).
+``cross_entropy_backward(gy, dlogits) -> dlogits``  dlogits *= gy in place (no pass when gy == 1).
+``nll_loss(logp, target, weight=None, *, ignore_index=-100, reduction="mean", check_targets=None) -> loss``
+``nll_loss_backward(gy, logp, target, weight=None, *, ignore_index=-100, reduction="mean") -> dlogp``
+
+Elementwise losses (target of x's shape; weight / pos_weight broadcast to it):
+``mse_loss(x, target, *, reduction="mean") -> loss``
+``mse_loss_backward(gy, x, target, *, reduction="mean", need_x=True, need_target=False) -> (gx, gtarget)``
+``binary_cross_entropy_with_logits(x, target, weight=None, pos_weight=None, *, reduction="mean") -> loss``
+``binary_cross_entropy_with_logits_backward(gy, x, target, weight=None, pos_weight=None, *, reduction="mean",
+need_x=True, need_target=False) -> (gx, gtarget)``
+
+Losses have the input's dtype: 0-d for "mean"/"sum", the per-element/per-row shape for "none".
+Out-of-range class targets raise ValueError after the launch (one 4-byte host read; see
+``ge2.kernels.cross_entropy``); ``check_targets=False`` skips that read (bad rows then give NaN).
+"""
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from ge2.backend.registry import FLOAT_DTYPES, INT_DTYPES, defop, register
+from ge2.backend.schema import Schema, TensorArg, broadcast_shapes, shape_str
+from ge2.kernels import cross_entropy as CE
+from ge2.kernels import losses as L
+
+REDUCTIONS = L.REDUCTIONS
+TARGET_DTYPES = tuple(d for d in INT_DTYPES if d != torch.bool)
+
+
+def _check_reduction(op: str, reduction) -> None:
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"{op}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+
+
+def _check_class_target(op: str, logits, target, weight=None, *, ignore_index: int = -100,
+                        reduction: str = "mean", label_smoothing: float = 0.0, **_flags) -> None:
+    if logits.dim() == 0:
+        raise ValueError(f"{op}: logits must be [C] or [N, C, d...], got a 0-d tensor")
+    want = () if logits.dim() == 1 else (logits.shape[0],) + tuple(logits.shape[2:])
+    n_classes = logits.shape[0] if logits.dim() == 1 else logits.shape[1]
+    if tuple(target.shape) != want:
+        raise ValueError(f"{op}: target has shape {shape_str(target.shape)} but logits {shape_str(logits.shape)} "
+                         f"needs target {shape_str(want)} (class indices, the class dim removed)")
+    if n_classes == 0:
+        raise ValueError(f"{op}: logits {shape_str(logits.shape)} have no classes")
+    if weight is not None and (weight.dim() != 1 or weight.shape[0] != n_classes):
+        raise ValueError(f"{op}: weight must be [{n_classes}] (one per class), got {shape_str(weight.shape)}")
+    _check_reduction(op, reduction)
+    if not isinstance(ignore_index, numbers.Integral) or isinstance(ignore_index, bool):
+        raise TypeError(f"{op}: ignore_index must be an int, got {ignore_index!r}")
+    if not isinstance(label_smoothing, numbers.Real) or not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {label_smoothing!r}")
+
+
+def _rows(logits: torch.Tensor, target: torch.Tensor):
+    """[C] logits with a 0-d target become one row [1, C] / [1] (views)."""
+    return (logits.unsqueeze(0), target.reshape(1)) if logits.dim() == 1 else (logits, target)
+
+
+_CLASS_INPUTS = (TensorArg("logits", FLOAT_DTYPES), TensorArg("target", TARGET_DTYPES),
+                 TensorArg("weight", FLOAT_DTYPES, ndim=(1,), optional=True))
+
+defop("cross_entropy", Schema(_CLASS_INPUTS, _check_class_target))
+defop("cross_entropy_fwd_bwd", Schema(_CLASS_INPUTS, _check_class_target))
+
+
+@register("cross_entropy", "triton")
+def cross_entropy(logits, target, weight=None, *, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                  check_targets=None):
+    x, t = _rows(logits, target)
+    loss, _ = CE.cross_entropy_fwd_bwd(x, t, weight=weight, ignore_index=ignore_index, reduction=reduction,
+                                       label_smoothing=label_smoothing, compute_grad=False,
+                                       check_targets=check_targets)
+    return loss.reshape(target.shape) if reduction == "none" else loss
+
+
+@register("cross_entropy_fwd_bwd", "triton")
+def cross_entropy_fwd_bwd(logits, target, weight=None, *, ignore_index=-100, reduction="mean",
+                          label_smoothing=0.0, check_targets=None, inplace=False):
+    x, t = _rows(logits, target)
+    loss, grad = CE.cross_entropy_fwd_bwd(x, t, weight=weight, ignore_index=ignore_index, reduction=reduction,
+                                          label_smoothing=label_smoothing, compute_grad=True, inplace=inplace,
+                                          check_targets=check_targets)
+    return (loss.reshape(target.shape) if reduction == "none" else loss), grad.reshape(logits.shape)
+
+
+def _check_cross_entropy_backward(op: str, gy, dlogits) -> None:
+    rows = () if dlogits.dim() == 1 else (dlogits.shape[0],) + tuple(dlogits.shape[2:])
+    if gy.dim() != 0 and tuple(gy.shape) != rows:
+        raise ValueError(f"{op}: gy must be 0-d (reduced loss) or {shape_str(rows)} (reduction='none'), "
+                         f"got {shape_str(gy.shape)} for dlogits {shape_str(dlogits.shape)}")
+
+
+defop("cross_entropy_backward", Schema((TensorArg("gy", FLOAT_DTYPES), TensorArg("dlogits", FLOAT_DTYPES)),
+                                       _check_cross_entropy_backward))
+
+
+@register("cross_entropy_backward", "triton")
+def cross_entropy_backward(gy, dlogits):
+    g = dlogits.unsqueeze(0) if dlogits.dim() == 1 else dlogits
+    # A [C] row has a 0-d gy whatever the reduction: the scalar path covers it.
+    CE.cross_entropy_scale_grad_(g, gy)
+    return dlogits
+
+
+defop("nll_loss", Schema(_CLASS_INPUTS, _check_class_target))
+
+
+@register("nll_loss", "triton")
+def nll_loss(logp, target, weight=None, *, ignore_index=-100, reduction="mean", check_targets=None):
+    x, t = _rows(logp, target)
+    loss = CE.nll_fwd(x, t, weight=weight, ignore_index=ignore_index, reduction=reduction,
+                      check_targets=check_targets)
+    return loss.reshape(target.shape) if reduction == "none" else loss
+
+
+def _check_nll_backward(op: str, gy, logp, target, weight=None, *, ignore_index=-100, reduction="mean") -> None:
+    _check_class_target(op, logp, target, weight, ignore_index=ignore_index, reduction=reduction)
+    want = tuple(target.shape) if reduction == "none" else ()
+    if tuple(gy.shape) != want:
+        raise ValueError(f"{op}: gy has shape {shape_str(gy.shape)}, expected {shape_str(want)} "
+                         f"for reduction={reduction!r}")
+
+
+defop("nll_loss_backward", Schema((TensorArg("gy", FLOAT_DTYPES),) + _CLASS_INPUTS, _check_nll_backward))
+
+
+@register("nll_loss_backward", "triton")
+def nll_loss_backward(gy, logp, target, weight=None, *, ignore_index=-100, reduction="mean"):
+    x, t = _rows(logp, target)
+    g = CE.nll_bwd(gy.reshape(t.shape) if reduction == "none" else gy, t, tuple(x.shape), logp.dtype,
+                   weight=weight, ignore_index=ignore_index, reduction=reduction)
+    return g.reshape(logp.shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# elementwise losses
+# ---------------------------------------------------------------------------------------------
+def _check_pointwise(op: str, x, target, weight=None, pos_weight=None, *, reduction="mean", **_flags) -> None:
+    _check_reduction(op, reduction)
+    if tuple(target.shape) != tuple(x.shape):
+        raise ValueError(f"{op}: target has shape {shape_str(target.shape)} but input has {shape_str(x.shape)} "
+                         "(they must match)")
+    for name, t in (("weight", weight), ("pos_weight", pos_weight)):
+        if t is not None:
+            out = broadcast_shapes(op, ("input", name), (tuple(x.shape), tuple(t.shape)))
+            if out != tuple(x.shape):
+                raise ValueError(f"{op}: {name} {shape_str(t.shape)} must broadcast to the input's shape "
+                                 f"{shape_str(x.shape)}")
+
+
+def _check_pointwise_backward(op: str, gy, x, target, weight=None, pos_weight=None, *, reduction="mean",
+                              **_flags) -> None:
+    _check_pointwise(op, x, target, weight, pos_weight, reduction=reduction)
+    want = tuple(x.shape) if reduction == "none" else ()
+    if tuple(gy.shape) != want:
+        raise ValueError(f"{op}: gy has shape {shape_str(gy.shape)}, expected {shape_str(want)} "
+                         f"for reduction={reduction!r}")
+
+
+_XT = (TensorArg("input", FLOAT_DTYPES), TensorArg("target", FLOAT_DTYPES))
+_WP = (TensorArg("weight", FLOAT_DTYPES, optional=True), TensorArg("pos_weight", FLOAT_DTYPES, optional=True))
+
+defop("mse_loss", Schema(_XT, _check_pointwise))
+register("mse_loss", "triton")(
+    lambda x, target, *, reduction="mean": L.loss_fwd(L.MSE, x, target, reduction=reduction))
+defop("mse_loss_backward", Schema((TensorArg("gy", FLOAT_DTYPES),) + _XT, _check_pointwise_backward))
+register("mse_loss_backward", "triton")(
+    lambda gy, x, target, *, reduction="mean", need_x=True, need_target=False:
+    L.loss_bwd(L.MSE, gy, x, target, reduction=reduction, need_x=need_x, need_target=need_target))
+
+defop("binary_cross_entropy_with_logits", Schema(_XT + _WP, _check_pointwise))
+register("binary_cross_entropy_with_logits", "triton")(
+    lambda x, target, weight=None, pos_weight=None, *, reduction="mean":
+    L.loss_fwd(L.BCE_WITH_LOGITS, x, target, weight=weight, pos_weight=pos_weight, reduction=reduction))
+defop("binary_cross_entropy_with_logits_backward",
+      Schema((TensorArg("gy", FLOAT_DTYPES),) + _XT + _WP, _check_pointwise_backward))
+register("binary_cross_entropy_with_logits_backward", "triton")(
+    lambda gy, x, target, weight=None, pos_weight=None, *, reduction="mean", need_x=True, need_target=False:
+    L.loss_bwd(L.BCE_WITH_LOGITS, gy, x, target, weight=weight, pos_weight=pos_weight, reduction=reduction,
+               need_x=need_x, need_target=need_target))

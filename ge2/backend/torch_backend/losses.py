@@ -1,0 +1,92 @@
+"""torch reference implementations of the loss ops."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ge2.backend.registry import register
+
+
+def _grads(fn, x, *others, gy=None, wrt=(True,)):
+    """Gradients of fn(x, *others) w.r.t. the inputs flagged in ``wrt`` (others[i] for wrt[i + 1])."""
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_(w) if t is not None and w else t
+                  for t, w in zip((x,) + others, wrt + (False,) * (len(others) + 1 - len(wrt)))]
+        loss = fn(*leaves)
+        need = [t for t, w in zip(leaves, wrt) if w and t is not None]
+        grads = torch.autograd.grad(loss, need, torch.ones_like(loss) if gy is None else gy)
+    return loss.detach(), grads
+
+
+def _ce(logits, target, weight, ignore_index, reduction, label_smoothing):
+    return F.cross_entropy(logits, target.long(), weight=weight.to(logits.dtype) if weight is not None else None,
+                           ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing)
+
+
+@register("cross_entropy", "torch")
+def cross_entropy(logits, target, weight=None, *, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                  check_targets=None):
+    return _ce(logits, target, weight, ignore_index, reduction, label_smoothing)
+
+
+@register("cross_entropy_fwd_bwd", "torch")
+def cross_entropy_fwd_bwd(logits, target, weight=None, *, ignore_index=-100, reduction="mean",
+                          label_smoothing=0.0, check_targets=None, inplace=False):
+    loss, (g,) = _grads(lambda x: _ce(x, target, weight, ignore_index, reduction, label_smoothing), logits)
+    if inplace:
+        logits.copy_(g)
+        g = logits
+    return loss, g
+
+
+@register("cross_entropy_backward", "torch")
+def cross_entropy_backward(gy, dlogits):
+    f = gy if gy.dim() == 0 or dlogits.dim() == 1 else gy.unsqueeze(1)
+    dlogits.copy_(dlogits * f)
+    return dlogits
+
+
+def _nll(logp, target, weight, ignore_index, reduction):
+    return F.nll_loss(logp, target.long(), weight=weight.to(logp.dtype) if weight is not None else None,
+                      ignore_index=ignore_index, reduction=reduction)
+
+
+@register("nll_loss", "torch")
+def nll_loss(logp, target, weight=None, *, ignore_index=-100, reduction="mean", check_targets=None):
+    return _nll(logp, target, weight, ignore_index, reduction)
+
+
+@register("nll_loss_backward", "torch")
+def nll_loss_backward(gy, logp, target, weight=None, *, ignore_index=-100, reduction="mean"):
+    return _grads(lambda x: _nll(x, target, weight, ignore_index, reduction), logp, gy=gy)[1][0]
+
+
+@register("mse_loss", "torch")
+def mse_loss(x, target, *, reduction="mean"):
+    return F.mse_loss(x, target, reduction=reduction)
+
+
+@register("mse_loss_backward", "torch")
+def mse_loss_backward(gy, x, target, *, reduction="mean", need_x=True, need_target=False):
+    _, grads = _grads(lambda a, b: F.mse_loss(a, b, reduction=reduction), x, target, gy=gy,
+                      wrt=(need_x, need_target))
+    grads = list(grads)
+    return (grads.pop(0) if need_x else None), (grads.pop(0) if need_target else None)
+
+
+def _bce(x, target, weight, pos_weight, reduction):
+    return F.binary_cross_entropy_with_logits(x, target, weight=weight, pos_weight=pos_weight, reduction=reduction)
+
+
+@register("binary_cross_entropy_with_logits", "torch")
+def binary_cross_entropy_with_logits(x, target, weight=None, pos_weight=None, *, reduction="mean"):
+    return _bce(x, target, weight, pos_weight, reduction)
+
+
+@register("binary_cross_entropy_with_logits_backward", "torch")
+def binary_cross_entropy_with_logits_backward(gy, x, target, weight=None, pos_weight=None, *, reduction="mean",
+                                              need_x=True, need_target=False):
+    _, grads = _grads(lambda a, b: _bce(a, b, weight, pos_weight, reduction), x, target, gy=gy,
+                      wrt=(need_x, need_target))
+    grads = list(grads)
+    return (grads.pop(0) if need_x else None), (grads.pop(0) if need_target else None)
