@@ -212,3 +212,20 @@ def test_version_counter_shared_by_views():
     assert x._version == 1 and v._version == 1
     x.zero_()
     assert v._version == 2
+
+
+def test_grad_mode_decorator_is_reentrant():
+    x = leaf(2)
+
+    @ge2.no_grad()
+    def recurse(n):
+        return recurse(n - 1) if n else x * 2
+
+    assert not recurse(3).requires_grad and ge2.is_grad_enabled()
+
+    @ge2.set_grad_enabled(False)
+    def f():
+        return x * 2
+
+    ge2.set_grad_enabled(True)
+    assert not f().requires_grad and not f().requires_grad and ge2.is_grad_enabled()

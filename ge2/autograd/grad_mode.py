@@ -16,38 +16,40 @@ def _set(enabled: bool) -> None:
     _state.enabled = enabled
 
 
-class set_grad_enabled(contextlib.ContextDecorator):
-    """Enable or disable graph recording: a function call, a context manager or a decorator."""
-
-    def __init__(self, mode: bool):
-        self._prev = is_grad_enabled()
-        self._mode = bool(mode)
-        _set(self._mode)
+class _GradMode(contextlib.ContextDecorator):
+    mode = True
 
     def __enter__(self) -> None:
-        _set(self._mode)
+        # A stack, not one saved value: a decorated function may recurse into itself.
+        self.__dict__.setdefault("_saved", []).append(is_grad_enabled())
+        _set(self.mode)
 
     def __exit__(self, *exc) -> None:
-        _set(self._prev)
+        _set(self._saved.pop())
 
 
-class no_grad(contextlib.ContextDecorator):
+class no_grad(_GradMode):
     """Context manager / decorator: ops inside record nothing and their results need no grad."""
 
-    def __enter__(self) -> None:
-        self._prev = is_grad_enabled()
-        _set(False)
-
-    def __exit__(self, *exc) -> None:
-        _set(self._prev)
+    mode = False
 
 
-class enable_grad(contextlib.ContextDecorator):
+class enable_grad(_GradMode):
     """Context manager / decorator: re-enable recording inside a ``no_grad`` region."""
 
-    def __enter__(self) -> None:
-        self._prev = is_grad_enabled()
-        _set(True)
+    mode = True
 
-    def __exit__(self, *exc) -> None:
-        _set(self._prev)
+
+class set_grad_enabled(_GradMode):
+    """Enable or disable recording now (a plain call), or for a block (context manager / decorator)."""
+
+    def __init__(self, mode: bool):
+        self.mode = bool(mode)
+        self._before_call = is_grad_enabled()
+        _set(self.mode)
+
+    def __enter__(self) -> None:
+        # `with set_grad_enabled(m):` must restore what was there before the call, not after it.
+        prev = self.__dict__.pop("_before_call", None)
+        self.__dict__.setdefault("_saved", []).append(is_grad_enabled() if prev is None else prev)
+        _set(self.mode)

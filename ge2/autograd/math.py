@@ -45,29 +45,27 @@ def _operand(x, op: str):
 # binary arithmetic
 # ---------------------------------------------------------------------------------------------
 class Add(Function):
-    @staticmethod
-    def forward(ctx, a, b):
+    """a + b; Sub flips the sign of b's gradient. Neither needs its operands for backward."""
+
+    op_name, b_sign = "add", 1
+
+    @classmethod
+    def forward(cls, ctx, a, b):
         ctx.shapes = [tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in (a, b)]
-        return call("add", a, b)
+        return call(cls.op_name, a, b)
 
-    @staticmethod
-    def backward(ctx, gy):
+    @classmethod
+    def backward(cls, ctx, gy):
         sa, sb = ctx.shapes
-        return (sum_to_shape(gy, sa) if ctx.needs_input_grad[0] else None,
-                sum_to_shape(gy, sb) if ctx.needs_input_grad[1] else None)
+        ga = sum_to_shape(gy, sa) if ctx.needs_input_grad[0] else None
+        gb = sum_to_shape(gy, sb) if ctx.needs_input_grad[1] else None
+        if gb is not None and cls.b_sign < 0:
+            gb = call("neg", gb)
+        return ga, gb
 
 
-class Sub(Function):
-    @staticmethod
-    def forward(ctx, a, b):
-        ctx.shapes = [tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in (a, b)]
-        return call("sub", a, b)
-
-    @staticmethod
-    def backward(ctx, gy):
-        sa, sb = ctx.shapes
-        return (sum_to_shape(gy, sa) if ctx.needs_input_grad[0] else None,
-                call("neg", sum_to_shape(gy, sb)) if ctx.needs_input_grad[1] else None)
+class Sub(Add):
+    op_name, b_sign = "sub", -1
 
 
 class _ProductLike(Function):
