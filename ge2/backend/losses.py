@@ -30,6 +30,7 @@ from ge2.backend.registry import FLOAT_DTYPES, INT_DTYPES, defop, register
 from ge2.backend.schema import Schema, TensorArg, broadcast_shapes, shape_str
 from ge2.kernels import cross_entropy as CE
 from ge2.kernels import losses as L
+from ge2.kernels.losses import sum_to_scalar
 
 REDUCTIONS = L.REDUCTIONS
 TARGET_DTYPES = tuple(d for d in INT_DTYPES if d != torch.bool)
@@ -187,3 +188,87 @@ register("binary_cross_entropy_with_logits_backward", "triton")(
     lambda gy, x, target, weight=None, pos_weight=None, *, reduction="mean", need_x=True, need_target=False:
     L.loss_bwd(L.BCE_WITH_LOGITS, gy, x, target, weight=weight, pos_weight=pos_weight, reduction=reduction,
                need_x=need_x, need_target=need_target))
+
+
+# ---------------------------------------------------------------------------------------------
+# linear + cross-entropy (the LM head), chunked over rows
+# ---------------------------------------------------------------------------------------------
+LCE_CHUNK_BYTES = 256 * 2**20  # the logits of one chunk of rows; the full N x V never exists
+
+
+def _check_linear_cross_entropy(op: str, x, weight, bias, target, *, ignore_index=-100, reduction="mean",
+                                label_smoothing=0.0, transposed_weight=False, chunk_rows=None, **_flags) -> None:
+    H = x.shape[1]
+    V, Hw = (weight.shape[1], weight.shape[0]) if transposed_weight else (weight.shape[0], weight.shape[1])
+    layout = "[H, V]" if transposed_weight else "[V, H]"
+    if Hw != H:
+        raise ValueError(f"{op}: x {shape_str(x.shape)} has {H} features but weight {shape_str(weight.shape)} "
+                         f"(laid out {layout}) expects {Hw}")
+    if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        raise TypeError(f"{op}: x, weight and bias must share one dtype, got x {x.dtype}, weight {weight.dtype}"
+                        + (f", bias {bias.dtype}" if bias is not None else ""))
+    if bias is not None and tuple(bias.shape) != (V,):
+        raise ValueError(f"{op}: bias must be [{V}] (one per class), got {shape_str(bias.shape)}")
+    if tuple(target.shape) != (x.shape[0],):
+        raise ValueError(f"{op}: target must be [{x.shape[0]}] (one class per row of x), got {shape_str(target.shape)}")
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"{op}: reduction must be 'mean' or 'sum' (the gradient is produced in the forward "
+                         f"chunks), got {reduction!r}")
+    _check_class_target(op, x.new_empty((1, V)).expand(1, V), target[:1], ignore_index=ignore_index,
+                        reduction=reduction, label_smoothing=label_smoothing)
+    if chunk_rows is not None and (not isinstance(chunk_rows, int) or chunk_rows < 1):
+        raise ValueError(f"{op}: chunk_rows must be a positive int, got {chunk_rows!r}")
+
+
+defop("linear_cross_entropy", Schema((
+    TensorArg("x", (torch.float16, torch.bfloat16, torch.float32), ndim=(2,)),
+    TensorArg("weight", (torch.float16, torch.bfloat16, torch.float32), ndim=(2,)),
+    TensorArg("bias", (torch.float16, torch.bfloat16, torch.float32), ndim=(1,), optional=True),
+    TensorArg("target", TARGET_DTYPES, ndim=(1,)),
+), _check_linear_cross_entropy))
+
+
+@register("linear_cross_entropy", "triton", dtypes=(torch.float16, torch.bfloat16, torch.float32))
+def linear_cross_entropy(x, weight, bias, target, *, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                         transposed_weight=False, chunk_rows=None, check_targets=None,
+                         need_x=True, need_weight=True, need_bias=True):
+    """(loss, dx, dweight, dbias) for gy = 1 of cross_entropy(x @ W^T + b, target); grads None where not needed.
+
+    Rows are processed in chunks: logits_c = x_c @ W^T + b (GEMM), the fused CE pass turns them
+    into dlogits_c in place, then dx_c = dlogits_c @ W and dW += dlogits_c^T @ x_c (GEMMs), so
+    only one chunk of logits exists at a time. dW accumulates in W's dtype (one rounding per chunk).
+    """
+    from ge2.backend.registry import call
+    from ge2.kernels import gemm as G
+
+    N = x.shape[0]
+    V = weight.shape[1] if transposed_weight else weight.shape[0]
+    need_bias = need_bias and bias is not None
+    stats = CE.target_stats("linear_cross_entropy", target, V, weight=None, ignore_index=ignore_index, inner=1)
+    row_loss = torch.empty(N, dtype=torch.float32, device=x.device)
+    dx = torch.empty_like(x) if need_x else None
+    dw = torch.empty_like(weight) if need_weight else None
+    db = torch.empty(V, dtype=torch.float32, device=x.device) if need_bias else None
+    any_grad = need_x or need_weight or need_bias
+    rows = chunk_rows or max(128, LCE_CHUNK_BYTES // max(1, V * x.element_size()) // 128 * 128)
+    for n0 in range(0, N, rows):
+        xc, tc = x[n0:n0 + rows], target[n0:n0 + rows]
+        logits, _ = call("gemm", xc, weight, bias=bias, trans_b=not transposed_weight,
+                         bias_kind="per_n" if bias is not None else "none")
+        CE.cross_entropy_rows(logits, tc, stats, row_loss[n0:n0 + rows], logits if any_grad else None,
+                              ignore_index=ignore_index, label_smoothing=label_smoothing, mean=reduction == "mean")
+        if need_x:
+            dxc, _ = call("gemm", logits, weight, trans_b=transposed_weight)
+            dx[n0:n0 + rows].copy_(dxc)
+        if need_weight:
+            # dW += dlogits^T @ x_c ([V, H]) or x_c^T @ dlogits ([H, V]), accumulated in place in dW.
+            a, b = (G._view(xc, True), G._view(logits, False)) if transposed_weight else \
+                (G._view(logits, True), G._view(xc, False))
+            G._launch(a, b, dw, c=dw if n0 else None, beta=1.0 if n0 else 0.0)
+        if need_bias:
+            CE.column_sums_(logits, db, accumulate=n0 > 0)
+    loss = sum_to_scalar(row_loss, x.dtype, denom=stats if reduction == "mean" else None)
+    CE.raise_on_bad_targets("linear_cross_entropy", stats, V, ignore_index, check_targets)
+    if need_bias and bias.dtype != torch.float32:
+        db = db.to(bias.dtype)
+    return loss, dx, dw, db

@@ -294,6 +294,34 @@ def _class_rows(logits: torch.Tensor):
     return x, outer * inner, c, inner, strides
 
 
+def cross_entropy_rows(
+    x: torch.Tensor, target: torch.Tensor, stats: torch.Tensor, row_loss: torch.Tensor, grad: torch.Tensor | None, *,
+    weight: torch.Tensor | None = None, ignore_index: int = -100, label_smoothing: float = 0.0, mean: bool = True,
+    max_fused_c: int = MAX_FUSED_C,
+) -> None:
+    """The fused pass: row losses (unnormalised) into ``row_loss`` and, if ``grad`` is given, dx for gy = 1.
+
+    x [N, C, d...] (any strides), target [N, d...], stats from ``target_stats`` (the mean's D may
+    come from more rows than these: linear_cross_entropy passes the whole batch's); ``grad`` may be x.
+    """
+    _, n_rows, C, inner, (sx_o, sx_i, sx_c) = _class_rows(x)
+    if not n_rows:
+        return
+    t, st_o, st_i = _target_rows(target)
+    g = grad if grad is not None else x
+    sg_o, sg_i, sg_c = row_view(g, 1)[2] if grad is not None else (0, 0, 0)
+    args = (x, t, weight if weight is not None else stats, stats, row_loss, g, n_rows, C, inner,
+            sx_o, sx_i, sx_c, st_o, st_i, sg_o, sg_i, sg_c, ignore_index, float(label_smoothing))
+    meta = dict(HAS_WEIGHT=weight is not None, SMOOTH=label_smoothing > 0, MEAN=mean, COMPUTE_GRAD=grad is not None)
+    if C <= max_fused_c:
+        block_c = triton.next_power_of_2(C)
+        block_m = min(max(1, TILE_ELEMENTS // block_c), triton.next_power_of_2(n_rows))
+        cross_entropy_fwd_bwd_kernel[(triton.cdiv(n_rows, block_m),)](*args, **meta, BLOCK_M=block_m, BLOCK_C=block_c)
+    else:
+        cross_entropy_fwd_bwd_online_kernel[(n_rows,)](*args, **meta, BLOCK_C=min(ONLINE_BLOCK_C, max_fused_c),
+                                                       num_warps=8)
+
+
 def cross_entropy_fwd_bwd(
     logits: torch.Tensor, target: torch.Tensor, *, weight: torch.Tensor | None = None, ignore_index: int = -100,
     reduction: str = "mean", label_smoothing: float = 0.0, compute_grad: bool = True, inplace: bool = False,
@@ -304,39 +332,48 @@ def cross_entropy_fwd_bwd(
     logits [N, C, d...] (C = logits.shape[1]), target [N, d...] integer. With ``inplace`` the
     gradient overwrites ``logits`` (returned as dlogits; the caller must own that buffer).
     """
-    op = "cross_entropy"
-    x, n_rows, C, inner, (sx_o, sx_i, sx_c) = _class_rows(logits)
-    stats = target_stats(op, target, C, weight=weight, ignore_index=ignore_index, inner=inner)
+    x, n_rows, C, inner, _ = _class_rows(logits)
+    stats = target_stats("cross_entropy", target, C, weight=weight, ignore_index=ignore_index, inner=inner)
     row_loss = (torch.empty(target.shape, dtype=logits.dtype, device=logits.device) if reduction == "none"
                 else torch.empty(n_rows, dtype=torch.float32, device=logits.device))
     grad = None
     if compute_grad:
         # In place only into the caller's own buffer (not into a contiguous copy row_view made).
         grad = x if inplace and x.data_ptr() == logits.data_ptr() else torch.empty_like(x)
-    if n_rows:
-        t, st_o, st_i = _target_rows(target)
-        g = grad if grad is not None else x
-        sg_o, sg_i, sg_c = row_view(g, 1)[2] if grad is not None else (0, 0, 0)
-        args = (x, t, weight if weight is not None else stats, stats, row_loss, g, n_rows, C, inner,
-                sx_o, sx_i, sx_c, st_o, st_i, sg_o, sg_i, sg_c, ignore_index, float(label_smoothing))
-        meta = dict(HAS_WEIGHT=weight is not None, SMOOTH=label_smoothing > 0, MEAN=reduction == "mean",
-                    COMPUTE_GRAD=compute_grad)
-        if C <= max_fused_c:
-            block_c = triton.next_power_of_2(C)
-            block_m = min(max(1, TILE_ELEMENTS // block_c), triton.next_power_of_2(n_rows))
-            cross_entropy_fwd_bwd_kernel[(triton.cdiv(n_rows, block_m),)](*args, **meta, BLOCK_M=block_m,
-                                                                          BLOCK_C=block_c)
-        else:
-            cross_entropy_fwd_bwd_online_kernel[(n_rows,)](*args, **meta, BLOCK_C=min(ONLINE_BLOCK_C, max_fused_c),
-                                                           num_warps=8)
+    cross_entropy_rows(x, target, stats, row_loss, grad, weight=weight, ignore_index=ignore_index,
+                       label_smoothing=label_smoothing, mean=reduction == "mean", max_fused_c=max_fused_c)
     if reduction == "none":
         loss = row_loss
     else:
         loss = sum_to_scalar(row_loss, logits.dtype, denom=stats if reduction == "mean" else None)
-    raise_on_bad_targets(op, stats, C, ignore_index, check_targets)
-    if grad is not None and grad.data_ptr() != logits.data_ptr() and grad.shape != logits.shape:
-        grad = grad.reshape(logits.shape)
+    raise_on_bad_targets("cross_entropy", stats, C, ignore_index, check_targets)
     return loss, grad
+
+
+@triton.jit
+def column_sums_kernel(g_ptr, out_ptr, M, N, s_m, s_n, ACCUMULATE: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[n] (+)= sum over m of g[m, n], fp32: the bias gradient of linear_cross_entropy."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for start in range(0, M, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        ok = (rows < M)[:, None] & col_ok[None, :]
+        acc += tl.load(g_ptr + rows[:, None].to(tl.int64) * s_m + cols[None, :] * s_n, mask=ok, other=0.0)
+    total = tl.sum(acc, 0)
+    if ACCUMULATE:
+        total += tl.load(out_ptr + cols, mask=col_ok, other=0.0)
+    tl.store(out_ptr + cols, total, mask=col_ok)
+
+
+def column_sums_(g: torch.Tensor, out: torch.Tensor, *, accumulate: bool) -> torch.Tensor:
+    """out [N] fp32 (+)= g [M, N].sum(0)."""
+    M, N = g.shape
+    block_n = 128
+    column_sums_kernel[(triton.cdiv(N, block_n),)](g, out, M, N, g.stride(0), g.stride(1), ACCUMULATE=accumulate,
+                                                   BLOCK_M=32, BLOCK_N=block_n)
+    return out
 
 
 def cross_entropy_scale_grad_(grad: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
