@@ -124,6 +124,124 @@ def test_out_dtype():
 
 
 # ---------------------------------------------------------------------------------------------
+# Backward: gradients vs torch autograd of the same expression
+# ---------------------------------------------------------------------------------------------
+def _autograd(a, b, c, bias, gy, dtype, attrs):
+    """Gradients (da, db, dbias, dc) of the expression by torch autograd, computed in ``dtype``."""
+    leaves = [t.detach().to(dtype).requires_grad_() if t is not None else None for t in (a, b, bias, c)]
+    la, lb, lbias, lc = leaves
+    y, _ = _reference(la, lb, lc, lbias, **attrs)
+    wrt = [t for t in leaves if t is not None]
+    grads = iter(torch.autograd.grad(y, wrt, gy.to(dtype)))
+    return tuple(next(grads) if t is not None else None for t in (la, lb, lbias, lc))
+
+
+def _check_backward(a, b, c, bias, attrs, *, seed, noncontig_gy=False, name=""):
+    """gemm_backward on gemm's own outputs, judged two ways.
+
+    1. The op on its inputs (gy, a, b and the saved z or y): error vs the float64 evaluation of
+       the same inputs <= 2x the error of torch doing the same in the inputs' dtype. (act' read
+       from a rounded y is ill-conditioned where |tanh| or sigmoid saturate: this compares like
+       with like.)
+    2. In float64 end to end (forward + backward), the gradients equal torch autograd's of the
+       same expression (to the fp32 rounding of the epilogue's constants): this is what proves
+       the formulas, strides and reductions right.
+    """
+    y, z = call("gemm", a, b, c, bias, save_z=True, **attrs)
+    gy = randn(*y.shape, dtype=y.dtype, noncontig=noncontig_gy, seed=seed)
+    saved_y = None if z is not None else y
+    inputs = (gy, a, b, z, saved_y)
+    got = call("gemm_backward", *inputs, has_c=c is not None, **attrs)
+    with ge2.use_backend("torch"):
+        theirs = call("gemm_backward", *inputs, has_c=c is not None, **attrs)
+        exact = call("gemm_backward", *[t.double() if t is not None else None for t in inputs],
+                     has_c=c is not None, **attrs)
+    for label, g, want, t in zip(("da", "db", "dbias", "dc"), got, exact, theirs):
+        assert (g is None) == (want is None), f"{label}: {g is None=} but reference {want is None=}"
+        if g is not None:
+            assert g.is_contiguous() and g.shape == want.shape
+            assert_matches(g, want, t, name=f"{name} {label}")
+
+    as64 = [t.double() if t is not None else None for t in (a, b, c, bias)]
+    y64, z64 = call("gemm", *as64, save_z=True, **attrs)
+    got64 = call("gemm_backward", gy.double(), as64[0], as64[1], z64, None if z64 is not None else y64,
+                 has_c=c is not None, **attrs)
+    autograd = _autograd(*as64[:2], as64[2], as64[3], gy, torch.float64, attrs)
+    for label, g, want in zip(("da", "db", "dbias", "dc"), got64, autograd):
+        assert (g is None) == (want is None), label
+        if g is not None:
+            # Not 1e-15: the epilogue's scalars (act_alpha, the gelu constants) are fp32 literals
+            # even in fp64 kernels. A wrong formula, stride or reduction is off by O(1).
+            assert rel_error(g.reshape(want.shape), want) <= 1e-6, f"{name} {label} vs autograd"
+
+
+@pytest.mark.parametrize("act,bias_kind,trans_a,trans_b", COMBOS)
+def test_backward_every_combination(act, bias_kind, trans_a, trans_b):
+    i = COMBOS.index((act, bias_kind, trans_a, trans_b))
+    a, b, c, bias, attrs = _case(i, act, bias_kind, trans_a, trans_b)
+    _check_backward(a, b, c, bias, attrs, seed=4000 + i, noncontig_gy=i % 3 == 0, name=f"[{act},{bias_kind}]")
+
+
+@pytest.mark.parametrize("broadcast", ["a", "b"])
+def test_backward_batched_broadcast(broadcast):
+    B, M, N, K = 3, 7, 5, 9
+    if broadcast == "b":  # x @ W^T with one W expanded over the batch: dW is summed over it
+        a, b = randn(B, M, K, noncontig=True, seed=1), randn(N, K, seed=2).expand(B, N, K)
+        attrs = dict(trans_a=False, trans_b=True)
+    else:
+        a, b = randn(K, M, seed=3).expand(B, K, M), randn(B, K, N, seed=4)
+        attrs = dict(trans_a=True, trans_b=False)
+    attrs.update(alpha=1.0, beta=0.0, bias_kind="per_m", act="gelu_tanh", act_alpha=0.01)
+    bias = randn(M, seed=5)
+    y, z = call("gemm", a, b, None, bias, save_z=True, **attrs)
+    gy = randn(B, M, N, seed=6)
+    da, db, dbias, _ = call("gemm_backward", gy, a, b, z, **attrs)
+    ga, gb, gbias, _ = _autograd(a, b, None, bias, gy, torch.float64, attrs)
+    ta, tb, tbias, _ = _autograd(a, b, None, bias, gy, torch.float32, attrs)
+    reduce = lambda t, g: g.sum(0, keepdim=True) if t.stride(0) == 0 else g  # autograd of expand
+    assert (da.shape[0], db.shape[0]) == ((1, B) if broadcast == "a" else (B, 1))
+    assert_matches(da, reduce(a, ga), reduce(a, ta), name="da")
+    assert_matches(db, reduce(b, gb), reduce(b, tb), name="db")
+    assert_matches(dbias, gbias, tbias, name="dbias")
+
+
+def test_backward_matches_torch_backend_and_is_deterministic():
+    M, N, K = (2048, 1536, 512) if LARGE else (70, 90, 20)
+    a, b, bias = randn(M, K, seed=1), randn(K, N, seed=2), randn(N, seed=3)
+    attrs = dict(bias_kind="per_n", act="silu")
+    y, z = call("gemm", a, b, None, bias, save_z=True, **attrs)
+    gy = randn(M, N, seed=4)
+    first = call("gemm_backward", gy, a, b, z, **attrs)
+    again = call("gemm_backward", gy, a, b, z, **attrs)
+    assert all(torch.equal(x, w) for x, w in zip(first[:3], again[:3])), "run-to-run difference"
+    with ge2.use_backend("torch"):
+        oracle = call("gemm_backward", gy, a, b, z, **attrs)
+    for label, x, w in zip(("da", "db", "dbias"), first, oracle):
+        assert rel_error(x, w) <= 1e-5, label
+
+
+def test_backward_need_flags_and_scalar_bias_total():
+    a, b, bias = randn(6, 4, seed=1), randn(4, 5, seed=2), randn(1, seed=3)
+    gy = randn(6, 5, seed=4)
+    da, db, dbias, dc = call("gemm_backward", gy, a, b, bias_kind="scalar", need_a=False, need_b=False)
+    assert da is None and db is None and dc is None
+    assert dbias.shape == (1,) and abs(dbias.item() - gy.double().sum().item()) <= 1e-5 * gy.abs().sum().item()
+
+
+@pytest.mark.parametrize("args,attrs,message", [
+    ((randn(4, 5), randn(4, 3), randn(3, 5)), {"act": "gelu"}, "the gelu gradient needs z"),
+    ((randn(4, 5), randn(4, 3), randn(3, 5)), {"act": "relu"}, "needs z or y"),
+    ((randn(5, 4), randn(4, 3), randn(3, 5)), {}, "gy has shape [5, 4]"),
+    ((randn(4, 5), randn(4, 3), randn(3, 5), randn(4, 4)), {"act": "silu"}, "z has shape [4, 4]"),
+    ((randn(4, 5), randn(4, 3), randn(2, 5)), {}, "inner dimensions differ"),
+])
+def test_backward_bad_input(args, attrs, message):
+    with pytest.raises(ValueError) as info:
+        call("gemm_backward", *args, **attrs)
+    assert str(info.value).startswith("gemm_backward:") and message in str(info.value), str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
 # Precision modes: error vs float64 <= 2x torch's own error in the same mode
 # ---------------------------------------------------------------------------------------------
 PRECISION_CASES = [(torch.float32, "ieee"), (torch.float32, "tf32"), (torch.float32, "tf32x3"),

@@ -94,3 +94,28 @@ defop("gemm", Schema((
     TensorArg("bias", GEMM_DTYPES, ndim=(0, 1), optional=True),
 ), _check_gemm))
 register("gemm", "triton", dtypes=GEMM_DTYPES)(K.gemm)
+
+
+def _check_gemm_backward(op: str, gy, a, b, z=None, y=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
+                         bias_kind="none", act="none", act_alpha=0.01, has_c=False, need_a=True, need_b=True) -> None:
+    y_shape = _check_operands(op, a, b, trans_a, trans_b)
+    for name, t in (("gy", gy), ("z", z), ("y", y)):
+        if t is not None and tuple(t.shape) != y_shape:
+            raise ValueError(f"{op}: {name} has shape {shape_str(t.shape)} but op(a) @ op(b) is {shape_str(y_shape)}")
+    if bias_kind not in K.BIAS_KINDS:
+        raise ValueError(f"{op}: bias_kind must be one of {tuple(K.BIAS_KINDS)}, got {bias_kind!r}")
+    code = activations.act_code(op, act, act_alpha)
+    if activations.needs_z(code) and z is None:
+        raise ValueError(f"{op}: the {act} gradient needs z (the pre-activation; gemm(..., save_z=True)), got None")
+    if code != activations.NONE and z is None and y is None:
+        raise ValueError(f"{op}: the {act} gradient needs z or y, got neither")
+
+
+defop("gemm_backward", Schema((
+    TensorArg("gy", GEMM_DTYPES, ndim=(2, 3)),
+    TensorArg("a", GEMM_DTYPES, ndim=(2, 3)),
+    TensorArg("b", GEMM_DTYPES, ndim=(2, 3)),
+    TensorArg("z", GEMM_DTYPES, ndim=(2, 3), optional=True),
+    TensorArg("y", GEMM_DTYPES, ndim=(2, 3), optional=True),
+), _check_gemm_backward))
+register("gemm_backward", "triton", dtypes=GEMM_DTYPES)(K.gemm_backward)

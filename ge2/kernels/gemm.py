@@ -158,10 +158,12 @@ def gemm_epilogue_kernel(
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC_DTYPE)
     if REDUCE_BATCH:
-        for bb in range(0, B):
-            acc = _tile_dot(acc, a_ptr + bb.to(tl.int64) * stride_ab + a_tile,
-                            b_ptr + bb.to(tl.int64) * stride_bb + b_tile, K, stride_ak, stride_bk,
+        a_batch, b_batch = a_ptr, b_ptr  # 64-bit pointers step through the batch: no index overflow
+        for _ in range(0, B):
+            acc = _tile_dot(acc, a_batch + a_tile, b_batch + b_tile, K, stride_ak, stride_bk,
                             BLOCK_K, EVEN_K, PRECISION, UPCAST)
+            a_batch += stride_ab
+            b_batch += stride_bb
     else:
         acc = _tile_dot(acc, a_ptr + pid_b * stride_ab + a_tile, b_ptr + pid_b * stride_bb + b_tile,
                         K, stride_ak, stride_bk, BLOCK_K, EVEN_K, PRECISION, UPCAST)
@@ -208,6 +210,8 @@ def _launch(a_view, b_view, y, *, z=None, c=None, bias=None, bias_kind=0, act=0,
     """
     a, (sab, sam, sak), batch, M, K = a_view
     b, (sbb, sbk, sbn), _, _, N = b_view
+    if y.numel() == 0:
+        return
     ys = (y.stride(0) if y.dim() == 3 else 0, y.stride(-2), y.stride(-1))
     cs = (c.stride(0) if c.dim() == 3 else 0, c.stride(-2), c.stride(-1)) if c is not None else (0, 0, 0)
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),
@@ -252,3 +256,155 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, bias: 
     _launch(av, bv, y, z=z, c=c if has_c else None, bias=bias, bias_kind=BIAS_KINDS[bias_kind],
             act=code, act_alpha=act_alpha, alpha=alpha, beta=beta)
     return y, z
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward
+# ---------------------------------------------------------------------------------------------
+# Tiles of the gZ pass. It is memory-bound (read gY and Z/Y, write gZ), so one config: 64x64
+# tiles keep 16-byte loads and make the bias partials 1/64 of gZ's size.
+BWD_BLOCK_M, BWD_BLOCK_N = 64, 64
+
+
+@triton.jit
+def bias_act_backward_kernel(
+    gy_ptr, saved_ptr, gz_ptr, dc_ptr, partial_ptr,
+    M, N,
+    stride_gb, stride_gm, stride_gn,
+    stride_sb, stride_sm, stride_sn,
+    stride_ob, stride_om, stride_on,
+    beta, act_alpha,
+    ACT: tl.constexpr, FROM_Z: tl.constexpr, WRITE_GZ: tl.constexpr, WRITE_DC: tl.constexpr,
+    BIAS_KIND: tl.constexpr, ACC_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """gZ = gY * act'(saved) for one tile; also dC = beta * gZ and this tile's bias-gradient partials.
+
+    grid = (m tiles, n tiles, batch). Partials (fp32; fp64 for fp64): per_n -> row (batch, m tile) of a [*, N]
+    buffer; per_m -> row (batch, n tile) of a [*, M] buffer; scalar -> one value per tile.
+    """
+    pid_m, pid_n, pid_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    batch = pid_b.to(tl.int64)
+    g = tl.load(gy_ptr + batch * stride_gb + offs_m[:, None] * stride_gm + offs_n[None, :] * stride_gn,
+                mask=mask, other=0.0).to(ACC_DTYPE)
+    if ACT != 0:
+        s = tl.load(saved_ptr + batch * stride_sb + offs_m[:, None] * stride_sm + offs_n[None, :] * stride_sn,
+                    mask=mask, other=0.0).to(ACC_DTYPE)
+        if FROM_Z:
+            g = g * act_grad_from_z(s, ACT, act_alpha)
+        else:
+            g = g * act_grad_from_y(s, ACT, act_alpha)
+    out_offs = batch * stride_ob + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    if WRITE_GZ:
+        tl.store(gz_ptr + out_offs, g.to(gz_ptr.dtype.element_ty), mask=mask)
+    if WRITE_DC:
+        tl.store(dc_ptr + out_offs, (beta * g).to(dc_ptr.dtype.element_ty), mask=mask)
+    if BIAS_KIND == 1:
+        tile = (pid_b * tl.num_programs(1) + pid_n) * tl.num_programs(0) + pid_m
+        tl.store(partial_ptr + tile, tl.sum(tl.sum(g, axis=1), axis=0))
+    elif BIAS_KIND == 2:
+        row = pid_b * tl.num_programs(1) + pid_n
+        tl.store(partial_ptr + row.to(tl.int64) * M + offs_m, tl.sum(g, axis=1), mask=offs_m < M)
+    elif BIAS_KIND == 3:
+        row = pid_b * tl.num_programs(0) + pid_m
+        tl.store(partial_ptr + row.to(tl.int64) * N + offs_n, tl.sum(g, axis=0), mask=offs_n < N)
+
+
+@triton.jit
+def sum_partials_kernel(partial_ptr, out_ptr, P, L, BLOCK_P: tl.constexpr, BLOCK_L: tl.constexpr):
+    """out[l] = sum over p of partial[p, l] ([P, L] contiguous), always in the same order."""
+    offs_l = tl.program_id(0) * BLOCK_L + tl.arange(0, BLOCK_L)
+    acc = tl.zeros((BLOCK_P, BLOCK_L), dtype=partial_ptr.dtype.element_ty)
+    for p in range(0, tl.cdiv(P, BLOCK_P)):
+        offs_p = p * BLOCK_P + tl.arange(0, BLOCK_P)
+        acc += tl.load(partial_ptr + offs_p[:, None].to(tl.int64) * L + offs_l[None, :],
+                       mask=(offs_p[:, None] < P) & (offs_l[None, :] < L), other=0.0)
+    tl.store(out_ptr + offs_l, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=offs_l < L)
+
+
+def _strides3(t: torch.Tensor) -> tuple[int, int, int]:
+    return (t.stride(0) if t.dim() == 3 else 0, t.stride(-2), t.stride(-1))
+
+
+def _transposed(view):
+    """The view of op(t)^T, given the view of op(t)."""
+    t, (sb, sr, sc), batch, rows, cols = view
+    return t, (sb, sc, sr), batch, cols, rows
+
+
+def _is_broadcast(t: torch.Tensor) -> bool:
+    return t.dim() == 3 and t.shape[0] > 1 and t.stride(0) == 0
+
+
+def bias_act_backward(gy: torch.Tensor, saved: torch.Tensor | None, *, act: int, from_z: bool, act_alpha: float,
+                      bias_kind: str, gz_dtype: torch.dtype | None, beta: float | None):
+    """(gz | None, dbias | None, dc | None) from one pass over gy ([M, N] or [B, M, N])."""
+    M, N = gy.shape[-2], gy.shape[-1]
+    batch = gy.shape[0] if gy.dim() == 3 else 1
+    gz = torch.empty(gy.shape, dtype=gz_dtype, device=gy.device) if gz_dtype is not None else None
+    dc = torch.empty(gy.shape, dtype=gy.dtype, device=gy.device) if beta is not None else None
+    kind = BIAS_KINDS[bias_kind]
+    if gy.numel() == 0:
+        return gz, (torch.zeros(1 if kind == 1 else M if kind == 2 else N, dtype=gy.dtype, device=gy.device)
+                    if kind else None), dc
+    grid = (triton.cdiv(M, BWD_BLOCK_M), triton.cdiv(N, BWD_BLOCK_N), batch)
+    rows, length = {0: (0, 0), 1: (grid[0] * grid[1] * batch, 1), 2: (grid[1] * batch, M),
+                    3: (grid[0] * batch, N)}[kind]
+    acc_dtype = torch.float64 if gy.dtype == torch.float64 else torch.float32
+    partial = torch.empty((rows, length), dtype=acc_dtype, device=gy.device) if kind else None
+    out = gz if gz is not None else dc if dc is not None else gy  # gz and dc share gy's shape, contiguous
+    saved = saved if saved is not None else gy
+    bias_act_backward_kernel[grid](
+        gy, saved, gz if gz is not None else gy, dc if dc is not None else gy, partial if partial is not None else gy,
+        M, N, *_strides3(gy), *_strides3(saved), *_strides3(out),
+        float(beta or 0.0), float(act_alpha),
+        ACT=act, FROM_Z=from_z, WRITE_GZ=gz is not None, WRITE_DC=dc is not None, BIAS_KIND=kind,
+        ACC_DTYPE=tl.float64 if acc_dtype == torch.float64 else tl.float32, BLOCK_M=BWD_BLOCK_M, BLOCK_N=BWD_BLOCK_N, num_warps=4,
+    )
+    dbias = None
+    if kind:
+        dbias = torch.empty(length, dtype=gy.dtype, device=gy.device)
+        sum_partials_kernel[(triton.cdiv(length, 128),)](partial, dbias, rows, length, BLOCK_P=32, BLOCK_L=128)
+    return gz, dbias, dc
+
+
+def gemm_backward(gy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, z: torch.Tensor | None = None,
+                  y: torch.Tensor | None = None, *, trans_a: bool = False, trans_b: bool = False,
+                  alpha: float = 1.0, beta: float = 0.0, bias_kind: str = "none", act: str = "none",
+                  act_alpha: float = 0.01, has_c: bool = False, need_a: bool = True, need_b: bool = True):
+    """(da, db, dbias, dc) of Y = act(alpha*op(a)@op(b) + beta*c + bias), given gY = dL/dY.
+
+    Shapes as in ``ge2.backend.gemm``'s docstring: da like a, db like b (batch 1 for a broadcast
+    operand), dbias [1] / [M] / [N], dc like gy. act' is read from z if given, else from y.
+    """
+    code = activations.act_code("gemm_backward", act, act_alpha)
+    from_z = z is not None
+    saved = z if from_z else y
+    if code == activations.NONE:
+        saved = None
+    need_gz = need_a or need_b
+    # gZ is gY itself when there is no activation and the dtypes agree: no pass over it then.
+    copy_gz = need_gz and (code != activations.NONE or gy.dtype != a.dtype)
+    dbias = dc = None
+    gz = gy
+    if copy_gz or bias_kind != "none" or has_c:
+        gz_new, dbias, dc = bias_act_backward(
+            gy, saved, act=code, from_z=from_z, act_alpha=act_alpha, bias_kind=bias_kind,
+            gz_dtype=a.dtype if copy_gz else None, beta=beta if has_c else None)
+        if copy_gz:
+            gz = gz_new
+    av, bv, gv = _view(a, trans_a), _view(b, trans_b), _view(gz, False)
+    da = db = None
+    if need_a:
+        # dA = alpha * gZ @ op(B)^T, or its transpose op(B) @ gZ^T when a is stored transposed.
+        da = torch.empty((1, *a.shape[1:]) if _is_broadcast(a) else a.shape, dtype=a.dtype, device=a.device)
+        lhs, rhs = (bv, _transposed(gv)) if trans_a else (gv, _transposed(bv))
+        _launch(lhs, rhs, da, alpha=alpha, reduce_batch=_is_broadcast(a))
+    if need_b:
+        # dB = alpha * op(A)^T @ gZ, or its transpose gZ^T @ op(A) when b is stored transposed.
+        db = torch.empty((1, *b.shape[1:]) if _is_broadcast(b) else b.shape, dtype=b.dtype, device=b.device)
+        lhs, rhs = (_transposed(gv), av) if trans_b else (_transposed(av), gv)
+        _launch(lhs, rhs, db, alpha=alpha, reduce_batch=_is_broadcast(b))
+    return da, db, dbias, dc
