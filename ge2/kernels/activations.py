@@ -104,9 +104,12 @@ def act_grad_from_z(z, ACT: tl.constexpr, alpha):
         pdf = tl.exp(-0.5 * z * z) * 0.3989422804014327
         return cdf + z * pdf
     elif ACT == 4:
+        # 0.5 * (1 + tanh(u)) = sigmoid(2u) and 1 - tanh(u)^2 = 4 s (1 - s): no cancellation
+        # where tanh(u) -> -1 (z < -1), which made the textbook form ~3x less accurate than torch.
         k = 0.7978845608028654
-        t = tanh(k * (z + 0.044715 * z * z * z))
-        return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * k * (1.0 + 0.134145 * z * z)
+        u2 = 2.0 * k * (z + 0.044715 * z * z * z)
+        s = sigmoid(u2)
+        return s + 2.0 * z * s * sigmoid(-u2) * k * (1.0 + 0.134145 * z * z)
     elif ACT == 5:
         s = sigmoid(z)
         return s * (1.0 - s)
