@@ -272,3 +272,20 @@ def linear_cross_entropy(x, weight, bias, target, *, ignore_index=-100, reductio
     if need_bias and bias.dtype != torch.float32:
         db = db.to(bias.dtype)
     return loss, dx, dw, db
+
+
+def _check_lce_backward(op: str, gy, *grads) -> None:
+    if gy.numel() != 1:
+        raise ValueError(f"{op}: gy must have one element (the reduced loss's gradient), got {shape_str(gy.shape)}")
+
+
+# (dx, dweight, dbias) *= gy in place, gy read on the device (no pass at all when gy == 1).
+defop("linear_cross_entropy_backward", Schema((
+    TensorArg("gy", FLOAT_DTYPES), TensorArg("dx", FLOAT_DTYPES, optional=True),
+    TensorArg("dweight", FLOAT_DTYPES, optional=True), TensorArg("dbias", FLOAT_DTYPES, optional=True),
+), _check_lce_backward))
+
+
+@register("linear_cross_entropy_backward", "triton")
+def linear_cross_entropy_backward(gy, dx=None, dweight=None, dbias=None):
+    return tuple(L.scale_by_device_scalar_(g, gy) if g is not None else None for g in (dx, dweight, dbias))

@@ -90,3 +90,22 @@ def binary_cross_entropy_with_logits_backward(gy, x, target, weight=None, pos_we
                       wrt=(need_x, need_target))
     grads = list(grads)
     return (grads.pop(0) if need_x else None), (grads.pop(0) if need_target else None)
+
+
+@register("linear_cross_entropy", "torch", dtypes=(torch.float16, torch.bfloat16, torch.float32))
+def linear_cross_entropy(x, weight, bias, target, *, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                         transposed_weight=False, chunk_rows=None, check_targets=None,
+                         need_x=True, need_weight=True, need_bias=True):
+    def f(x_, w_, b_):
+        logits = x_ @ (w_ if transposed_weight else w_.t())
+        return _ce(logits + b_ if b_ is not None else logits, target, None, ignore_index, reduction, label_smoothing)
+
+    loss, grads = _grads(f, x, weight, bias, wrt=(need_x, need_weight, need_bias and bias is not None))
+    grads = list(grads)
+    out = [grads.pop(0) if n else None for n in (need_x, need_weight, need_bias and bias is not None)]
+    return (loss, *out)
+
+
+@register("linear_cross_entropy_backward", "torch")
+def linear_cross_entropy_backward(gy, dx=None, dweight=None, dbias=None):
+    return tuple(g.copy_(g * gy) if g is not None else None for g in (dx, dweight, dbias))

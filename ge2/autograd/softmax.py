@@ -1,0 +1,211 @@
+"""Softmax and the losses with gradients: each Function's forward and backward side by side.
+
+The cross-entropies produce their gradient in the forward pass (one fused pass over the logits,
+for gy = 1); backward only scales it by gy, on the device, skipping the pass when gy == 1.
+
+**The in-place rule.** ``cross_entropy(..., inplace_backward=True)`` writes dlogits into the
+logits buffer during forward, so no N x C gradient is allocated. It is an explicit opt-in, allowed
+only for logits that are a non-leaf (the output of an earlier op, so the buffer belongs to the
+graph, never to the user's data or a parameter). After the call the logits tensor holds the
+gradient, not the logits: the caller must not read it again. The write bumps the logits' version
+counter, so an op that saved those logits for its own backward (e.g. log_softmax, tanh) raises
+"modified by an in-place operation" at backward instead of computing with the wrong values.
+Backward through a fused cross-entropy can run once (its gradient buffer is consumed).
+"""
+from __future__ import annotations
+
+import torch
+
+from ge2 import backend
+from ge2.autograd.function import Function
+from ge2.autograd.math import sum_to_shape
+from ge2.autograd.tensor import Tensor
+
+call = backend.call
+
+
+# ---------------------------------------------------------------------------------------------
+# softmax / log_softmax
+# ---------------------------------------------------------------------------------------------
+class Softmax(Function):
+    """y = softmax(scale * x + mask) along dim (log_softmax when ``log``); backward from y."""
+
+    @staticmethod
+    def forward(ctx, x, mask, dim, scale, log):
+        name = "log_softmax" if log else "softmax"
+        y = call(name, x, mask, dim=dim, scale=scale)
+        ctx.save_for_backward(y)
+        ctx.name, ctx.dim, ctx.scale = name, dim, scale
+        ctx.mask_shape = tuple(mask.shape) if mask is not None else None
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        (y,) = ctx.saved_tensors
+        need_x, need_mask = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        gx = call(ctx.name + "_backward", gy, y, dim=ctx.dim, scale=ctx.scale) if need_x else None
+        gmask = None
+        if need_mask:
+            # d/dmask is d/dz of z = scale * x + mask: the same backward without the scale.
+            gz = gx if ctx.scale == 1.0 and gx is not None else call(ctx.name + "_backward", gy, y, dim=ctx.dim)
+            gmask = sum_to_shape(gz, ctx.mask_shape)
+        return gx, gmask, None, None, None
+
+
+def softmax(x: Tensor, dim: int = -1, *, scale: float = 1.0, mask: Tensor | None = None) -> Tensor:
+    """softmax(scale * x + mask) along ``dim``; mask additive, broadcastable to x. All -inf rows give 0."""
+    return Softmax.apply(x, mask, dim, scale, False)
+
+
+def log_softmax(x: Tensor, dim: int = -1, *, scale: float = 1.0, mask: Tensor | None = None) -> Tensor:
+    """log_softmax(scale * x + mask) along ``dim``. All -inf rows give -inf."""
+    return Softmax.apply(x, mask, dim, scale, True)
+
+
+# ---------------------------------------------------------------------------------------------
+# cross-entropy: fused forward + backward
+# ---------------------------------------------------------------------------------------------
+class CrossEntropy(Function):
+    """loss = cross_entropy(logits, target); dlogits computed in forward (in place when allowed)."""
+
+    @staticmethod
+    def forward(ctx, logits, target, weight, ignore_index, reduction, label_smoothing, inplace, check_targets):
+        attrs = dict(ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing,
+                     check_targets=check_targets)
+        ctx.dlogits = None
+        if not ctx.needs_input_grad[0]:
+            return call("cross_entropy", logits, target, weight, **attrs)
+        loss, ctx.dlogits = call("cross_entropy_fwd_bwd", logits, target, weight, inplace=inplace, **attrs)
+        return loss
+
+    @staticmethod
+    def backward(ctx, gy):
+        if ctx.dlogits is None:
+            raise RuntimeError("cross_entropy: backward ran a second time; the fused cross-entropy's gradient "
+                               "buffer is consumed by the first backward")
+        dlogits, ctx.dlogits = ctx.dlogits, None
+        return call("cross_entropy_backward", gy, dlogits), None, None, None, None, None, None, None
+
+
+def cross_entropy(logits: Tensor, target: Tensor, weight: Tensor | None = None, *, ignore_index: int = -100,
+                  reduction: str = "mean", label_smoothing: float = 0.0, inplace_backward: bool = False,
+                  check_targets: bool | None = None) -> Tensor:
+    """Cross-entropy of logits [N, C, d...] (or [C]) and class targets [N, d...] (torch semantics).
+
+    ``inplace_backward=True``: dlogits overwrite the logits buffer (see the module's in-place rule).
+    ``check_targets``: None/True raise on out-of-range targets (a 4-byte host read), False skips it.
+    """
+    if inplace_backward and logits.requires_grad and logits.is_leaf:
+        raise ValueError("cross_entropy: inplace_backward=True needs logits produced by an earlier op (a "
+                         "non-leaf); these logits are a leaf tensor, whose buffer belongs to the caller")
+    inplace = inplace_backward and logits.requires_grad
+    loss = CrossEntropy.apply(logits, target, weight, ignore_index, reduction, label_smoothing, inplace,
+                              check_targets)
+    if inplace:
+        logits._version_counter.value += 1  # the buffer now holds dlogits: saved copies must not be used
+    return loss
+
+
+class NllLoss(Function):
+    @staticmethod
+    def forward(ctx, logp, target, weight, ignore_index, reduction, check_targets):
+        ctx.save_for_backward(logp, target, weight)
+        ctx.ignore_index, ctx.reduction = ignore_index, reduction
+        return call("nll_loss", logp, target, weight, ignore_index=ignore_index, reduction=reduction,
+                    check_targets=check_targets)
+
+    @staticmethod
+    def backward(ctx, gy):
+        logp, target, weight = ctx.saved_tensors
+        g = call("nll_loss_backward", gy, logp, target, weight, ignore_index=ctx.ignore_index, reduction=ctx.reduction)
+        return g, None, None, None, None, None
+
+
+def nll_loss(logp: Tensor, target: Tensor, weight: Tensor | None = None, *, ignore_index: int = -100,
+             reduction: str = "mean", check_targets: bool | None = None) -> Tensor:
+    """Negative log-likelihood of log-probabilities [N, C, d...] (or [C]) at class targets [N, d...]."""
+    return NllLoss.apply(logp, target, weight, ignore_index, reduction, check_targets)
+
+
+# ---------------------------------------------------------------------------------------------
+# elementwise losses
+# ---------------------------------------------------------------------------------------------
+class MseLoss(Function):
+    @staticmethod
+    def forward(ctx, x, target, reduction):
+        ctx.save_for_backward(x, target)
+        ctx.reduction = reduction
+        return call("mse_loss", x, target, reduction=reduction)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, target = ctx.saved_tensors
+        gx, gt = call("mse_loss_backward", gy, x, target, reduction=ctx.reduction,
+                      need_x=ctx.needs_input_grad[0], need_target=ctx.needs_input_grad[1])
+        return gx, gt, None
+
+
+def mse_loss(x: Tensor, target: Tensor, *, reduction: str = "mean") -> Tensor:
+    """(x - target)^2, reduced; x and target of one shape."""
+    return MseLoss.apply(x, target, reduction)
+
+
+class BinaryCrossEntropyWithLogits(Function):
+    @staticmethod
+    def forward(ctx, x, target, weight, pos_weight, reduction):
+        ctx.save_for_backward(x, target, weight, pos_weight)
+        ctx.reduction = reduction
+        return call("binary_cross_entropy_with_logits", x, target, weight, pos_weight, reduction=reduction)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, target, weight, pos_weight = ctx.saved_tensors
+        gx, gt = call("binary_cross_entropy_with_logits_backward", gy, x, target, weight, pos_weight,
+                      reduction=ctx.reduction, need_x=ctx.needs_input_grad[0], need_target=ctx.needs_input_grad[1])
+        return gx, gt, None, None, None
+
+
+def binary_cross_entropy_with_logits(x: Tensor, target: Tensor, weight: Tensor | None = None, *,
+                                     pos_weight: Tensor | None = None, reduction: str = "mean") -> Tensor:
+    """-w [pos_weight * t * log sigmoid(x) + (1 - t) log(1 - sigmoid(x))], reduced; weight/pos_weight broadcast."""
+    for name, t in (("weight", weight), ("pos_weight", pos_weight)):
+        if t is not None and t.requires_grad:
+            raise ValueError(f"binary_cross_entropy_with_logits: no gradient for {name}; pass it detached")
+    return BinaryCrossEntropyWithLogits.apply(x, target, weight, pos_weight, reduction)
+
+
+# ---------------------------------------------------------------------------------------------
+# linear + cross-entropy (LM head)
+# ---------------------------------------------------------------------------------------------
+class LinearCrossEntropy(Function):
+    """loss = cross_entropy(x @ W^T + b, target) in row chunks; dx, dW, db computed in forward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, target, ignore_index, reduction, label_smoothing, transposed_weight,
+                chunk_rows, check_targets):
+        need = ctx.needs_input_grad
+        loss, *grads = call("linear_cross_entropy", x, weight, bias, target, ignore_index=ignore_index,
+                            reduction=reduction, label_smoothing=label_smoothing,
+                            transposed_weight=transposed_weight, chunk_rows=chunk_rows,
+                            check_targets=check_targets, need_x=need[0], need_weight=need[1], need_bias=need[2])
+        ctx.grads = grads
+        return loss
+
+    @staticmethod
+    def backward(ctx, gy):
+        if ctx.grads is None:
+            raise RuntimeError("linear_cross_entropy: backward ran a second time; its gradients are consumed "
+                               "by the first backward")
+        grads, ctx.grads = ctx.grads, None
+        scaled = call("linear_cross_entropy_backward", gy, *grads)
+        return (*scaled, None, None, None, None, None, None, None)
+
+
+def linear_cross_entropy(x: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, *,
+                         ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
+                         transposed_weight: bool = False, chunk_rows: int | None = None,
+                         check_targets: bool | None = None) -> Tensor:
+    """cross_entropy(x [N, H] @ W^T + b, target [N]) with W [V, H] ([H, V] if transposed_weight), never
+    materialising the N x V logits. reduction 'mean' or 'sum'."""
+    return LinearCrossEntropy.apply(x, weight, bias, target, ignore_index, reduction, label_smoothing,
+                                    transposed_weight, chunk_rows, check_targets)
