@@ -29,6 +29,34 @@ import triton  # noqa: E402  (must follow the TRITON_INTERPRET decision)
 
 INTERPRETER: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
+
+def _round_bf16_casts_in_interpreter() -> None:
+    """Make the interpreter round fp32 -> bf16 casts to nearest even, as the GPU does.
+
+    triton 3.6's interpreter truncates them, so every bf16 result on the CPU would differ from the
+    GPU's (and torch's) in about half its elements by one ulp.
+    """
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    truncating_cast = interpreter.InterpreterBuilder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            x = np.asarray(src.data, dtype=np.float32)
+            bits = x.view(np.uint32)
+            rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+            quiet_nan = (bits >> np.uint32(16)) | np.uint32(0x40)
+            return interpreter.TensorHandle(np.where(np.isnan(x), quiet_nan, rounded).astype(np.uint16), tl.bfloat16)
+        return truncating_cast(self, src, dst_type)
+
+    interpreter.InterpreterBuilder.cast_impl = cast_impl
+
+
+if INTERPRETER:
+    _round_bf16_casts_in_interpreter()
+
 _default_device: str = "cuda" if _CUDA else "cpu"
 
 
@@ -99,16 +127,27 @@ def get_matmul_precision() -> str:
 # autotune
 # ---------------------------------------------------------------------------------------------
 def autotune(configs: list[triton.Config], key: list[str], default: int | triton.Config = 0, **kwargs):
-    """Decorator: ``triton.autotune`` over ``configs`` on a GPU; one pinned config under the interpreter.
+    """Decorator: autotune over ``configs`` on a GPU, persisted per GPU model (``ge2.tuning``);
+    one pinned config under the interpreter.
 
     ``default`` (an index into ``configs`` or a Config) is the designated config used where tuning
     cannot run: the interpreter fails on multi-config autotune, and tuning there would measure
-    nothing anyway. Extra kwargs (``prune_configs_by``, ``reset_to_zero``, ...) pass through.
+    nothing anyway. It is also the baseline that ``ge2 autotune`` reports speed-ups against.
+    Extra kwargs (``prune_configs_by``, ``reset_to_zero``, ``do_bench``, ...) pass to Triton.
     """
     if not configs:
         raise ValueError("autotune: configs must not be empty")
+    pinned = configs[default] if isinstance(default, int) else default
     if INTERPRETER:
-        pinned = configs[default] if isinstance(default, int) else default
-        configs = [pinned]
         kwargs.pop("prune_configs_by", None)
-    return triton.autotune(configs=configs, key=key, **kwargs)
+        return triton.autotune(configs=[pinned], key=key, **kwargs)
+
+    from ge2.tuning import PersistentAutotuner
+
+    reset_to_zero, restore_value = kwargs.pop("reset_to_zero", None), kwargs.pop("restore_value", None)
+
+    def decorator(fn):
+        return PersistentAutotuner(fn, fn.arg_names, configs, key, reset_to_zero, restore_value,
+                                   default_config=pinned, **kwargs)
+
+    return decorator
