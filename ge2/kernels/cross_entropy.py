@@ -186,7 +186,7 @@ def cross_entropy_fwd_bwd_online_kernel(
             c = start + cols
             ok = c < C
             x = tl.load(x_ptr + x_base + c * sx_c, mask=ok, other=float("-inf")).to(tl.float32)
-            p = tl.exp(x - lse)
+            p = tl.exp(x - row_max) / row_sum
             g = a * (p - tl.where(c == t, 1.0, 0.0))
             if SMOOTH:
                 if HAS_WEIGHT:

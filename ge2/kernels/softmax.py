@@ -80,14 +80,15 @@ def softmax_fwd_kernel(
     row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
     e = tl.exp(z - row_max[:, None])
     row_sum = tl.sum(e, 1)
-    # row_sum is 0 only for an all -inf row; dividing by 1 there keeps 0/0 out of the math.
-    has_mass = row_sum > 0.0
-    safe_sum = tl.where(has_mass, row_sum, 1.0)
+    # row_sum is 0 only for an all -inf row; dividing by 1 there keeps 0/0 out of the math
+    # (a NaN sum, from a NaN input, still makes the whole row NaN).
+    dead = row_sum == 0.0
+    safe_sum = tl.where(dead, 1.0, row_sum)
     if LOG:
-        lse = tl.where(has_mass, row_max + tl.log(safe_sum), float("inf"))
-        y = z - lse[:, None]
+        # (z - max) - log(sum): z - max is exact, so large |z| lose nothing (z - lse would).
+        y = (z - row_max[:, None]) - tl.where(dead, float("inf"), tl.log(safe_sum))[:, None]
     else:
-        y = e * tl.where(has_mass, 1.0 / safe_sum, 0.0)[:, None]
+        y = e * tl.where(dead, 0.0, 1.0 / safe_sum)[:, None]
     y_off = row_offsets(rows, inner, sy_o, sy_i)[:, None] + cols[None, :] * sy_n
     tl.store(y_ptr + y_off, y.to(y_ptr.dtype.element_ty), mask=ok)
 
@@ -120,7 +121,10 @@ def softmax_fwd_online_kernel(
     row_max = tl.max(lane_max, 0)
     row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
     row_sum = tl.sum(lane_sum * tl.exp(lane_max - row_max), 0)
-    lse = tl.where(row_sum > 0.0, row_max + tl.log(tl.where(row_sum > 0.0, row_sum, 1.0)), float("inf"))
+    dead = row_sum == 0.0
+    safe_sum = tl.where(dead, 1.0, row_sum)
+    log_sum = tl.where(dead, float("inf"), tl.log(safe_sum))
+    inv_sum = tl.where(dead, 0.0, 1.0 / safe_sum)
     for start in range(0, N, BLOCK_N):
         c = start + cols
         ok = c < N
@@ -128,9 +132,9 @@ def softmax_fwd_online_kernel(
         if HAS_MASK:
             z += tl.load(mask_ptr + m_base + c * sm_n, mask=ok, other=0.0).to(tl.float32)
         if LOG:
-            y = z - lse
+            y = (z - row_max) - log_sum
         else:
-            y = tl.exp(z - lse)
+            y = tl.exp(z - row_max) * inv_sum
         tl.store(y_ptr + y_base + c * sy_n, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
