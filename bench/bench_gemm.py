@@ -1,0 +1,133 @@
+"""GEMM + bias + activation (the Linear layer's forward and backward): ge2 vs torch/cuBLAS.
+
+Shapes are M x N x K in the Linear layout: x [M, K] row-major, W [N, K] (torch's weight layout,
+so op(B) = W^T is K-major), bias [N]. Columns, each a median of triton's do_bench:
+
+    forward   ge2       call("gemm", x, W, bias, trans_b=True, bias_kind="per_n", act=act)
+              mm        torch.mm(x, W.t()) alone (no epilogue: the GEMM floor)
+              eager     act(x @ W.t() + b), unfused torch eager
+              lt        torch._addmm_activation (cuBLASLt's fused bias+relu/gelu epilogue)
+              compile   torch.compile of the eager expression (--compile)
+    fwd+bwd   ge2       gemm(save_z) + gemm_backward -> dx, dW, db
+              torch     torch autograd of act(F.linear(x, W, b)), grads by autograd.grad
+
+``--mode kernel`` times device buffers; ``--mode end2end`` starts from host tensors and includes
+the copies in and out. Ratios are torch time / ge2 time (> 1: ge2 faster). Run on the GPU:
+
+    PYTHONPATH=. python3 bench/bench_gemm.py [--mode kernel] [--shapes main|sweep|all] [--dtypes bf16,fp16,tf32,ieee]
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+import ge2
+from bench.harness import Bench
+from ge2.backend import call
+from ge2.kernels import gemm as gemm_kernels
+
+MAIN_SHAPES = [  # (M, N, K, act)
+    (4096, 4096, 4096, "relu"),
+    (8192, 1024, 4096, "relu"),
+    (8192, 4096, 4096, "gelu"),
+    (512, 784, 1024, "relu"),
+]
+SWEEP_SHAPES = [(n, n, n, "relu") for n in (256, 512, 1024, 2048, 4096, 8192)]
+DTYPES = {  # name -> (torch dtype, fp32 precision)
+    "bf16": (torch.bfloat16, "ieee"),
+    "fp16": (torch.float16, "ieee"),
+    "tf32": (torch.float32, "tf32"),
+    "ieee": (torch.float32, "ieee"),
+}
+TORCH_ACT = {"relu": F.relu, "gelu": F.gelu}
+
+
+def _best_config() -> str:
+    cfg = getattr(gemm_kernels.gemm_epilogue_kernel, "best_config", None)
+    return str(cfg).replace(", ", " ") if cfg is not None else "-"
+
+
+def bench_shape(bench: Bench, M: int, N: int, K: int, act: str, dtype_name: str, *, mode: str,
+                compile_: bool, backward: bool) -> None:
+    dtype, precision = DTYPES[dtype_name]
+    ge2.set_matmul_precision(precision)
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    dev = "cuda"
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    x_h = torch.randn(M, K, generator=gen).to(dtype)
+    w_h = (torch.randn(N, K, generator=gen) / K ** 0.5).to(dtype)
+    b_h = torch.randn(N, generator=gen).to(dtype)
+    x, w, b = x_h.to(dev), w_h.to(dev), b_h.to(dev)
+    torch_act = TORCH_ACT[act]
+    labels = {"shape": f"{M}x{N}x{K}", "act": act, "dtype": dtype_name, "mode": mode}
+
+    def ge2_fwd(x=x, w=w, b=b):
+        return call("gemm", x, w, None, b, trans_b=True, bias_kind="per_n", act=act)[0]
+
+    def eager(x=x, w=w, b=b):
+        return torch_act(x @ w.t() + b)
+
+    def lt(x=x, w=w, b=b):
+        return torch._addmm_activation(b, x, w.t(), use_gelu=act == "gelu")
+
+    compiled = torch.compile(eager) if compile_ else None
+    fns = {"ge2": ge2_fwd, "mm": lambda: torch.mm(x, w.t()), "eager": eager, "lt": lt}
+    if compiled is not None:
+        fns["compile"] = compiled
+    if mode == "end2end":  # host tensors in, host tensor out: the copies are part of the time
+        def end2end(fn):
+            return lambda: fn(x_h.to(dev, non_blocking=True), w_h.to(dev, non_blocking=True),
+                              b_h.to(dev, non_blocking=True)).cpu()
+        fns = {k: end2end(fn) for k, fn in fns.items() if k != "mm"}
+    ge2_fwd()  # tune first, so that the config column names the one timed
+    row = bench.add({**labels, "pass": "fwd"}, flops=2.0 * M * N * K, **fns)
+    row["config"] = _best_config()
+
+    if backward and mode == "kernel":
+        gy = torch.randn(M, N, device=dev, dtype=dtype)
+
+        def ge2_fwd_bwd():
+            y, z = call("gemm", x, w, None, b, trans_b=True, bias_kind="per_n", act=act, save_z=True)
+            return call("gemm_backward", gy, x, w, z, y, trans_b=True, bias_kind="per_n", act=act)
+
+        xr, wr, br = (t.detach().clone().requires_grad_() for t in (x, w, b))
+
+        def torch_fwd_bwd():
+            y = torch_act(F.linear(xr, wr, br))
+            return torch.autograd.grad(y, (xr, wr, br), gy)
+
+        ge2_fwd_bwd()
+        bench.add({**labels, "pass": "fwd+bwd"}, flops=6.0 * M * N * K, ge2=ge2_fwd_bwd, torch=torch_fwd_bwd)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mode", choices=("kernel", "end2end"), default="kernel")
+    parser.add_argument("--shapes", choices=("main", "sweep", "all"), default="main")
+    parser.add_argument("--dtypes", default="bf16,fp16,tf32,ieee")
+    parser.add_argument("--sweep-dtypes", default="bf16,tf32")
+    parser.add_argument("--compile", action="store_true", help="add a torch.compile column (slow to build)")
+    parser.add_argument("--name", default=None, help="JSON name under bench/results/ (default gemm_<mode>)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_gemm: needs a CUDA GPU (timings under the interpreter mean nothing)")
+
+    bench = Bench(args.name or f"gemm_{args.mode}")
+    if args.shapes in ("main", "all"):
+        for dtype_name in args.dtypes.split(","):
+            for M, N, K, act in MAIN_SHAPES:
+                if dtype_name == "ieee" and M * N * K > 4096 ** 3:
+                    continue  # the FMA path: two shapes say enough, at a fraction of the time
+                bench_shape(bench, M, N, K, act, dtype_name, mode=args.mode, compile_=args.compile,
+                            backward=True)
+    if args.shapes in ("sweep", "all"):
+        for dtype_name in args.sweep_dtypes.split(","):
+            for M, N, K, act in SWEEP_SHAPES:
+                bench_shape(bench, M, N, K, act, dtype_name, mode=args.mode, compile_=False, backward=False)
+    bench.report(shapes="M x N x K; x [M,K] @ W[N,K]^T + b[N]", mode=args.mode)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""The shared benchmark harness: time ge2 and torch side by side, print a table, save JSON.
+
+Every ``bench/bench_*.py`` script uses it the same way::
+
+    from bench.harness import Bench
+    bench = Bench("gemm")                                   # -> bench/results/gemm.json
+    for case in cases:
+        bench.add({"shape": "4096x4096x4096", "dtype": "bf16"},   # what identifies the row
+                  ge2=lambda: ..., torch=lambda: ...,             # functions timed, ms (median)
+                  flops=2 * M * N * K)                            # optional: adds TFLOP/s columns
+    bench.report()                                          # console table + JSON
+
+Timings are medians of ``triton.testing.do_bench`` (CUDA events, warm-up first); each row's
+``ratio`` columns are torch_time / ge2_time for every timed function beside ge2 (> 1: ge2 faster).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import triton
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def time_ms(fn: Callable[[], Any], warmup_ms: int = 25, rep_ms: int = 100) -> float:
+    """Median time of ``fn()`` in milliseconds (CUDA events; includes a warm-up)."""
+    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def environment() -> dict[str, str]:
+    """Device name, library versions, git commit and date: what a result needs to be compared."""
+    commit = os.environ.get("GE2_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    cwd=Path(__file__).parent, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            commit = "unknown"
+    return {
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (triton interpreter)",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "commit": commit,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+class Bench:
+    """Rows of side-by-side timings, printed as a table and written to bench/results/<name>.json."""
+
+    def __init__(self, name: str, *, warmup_ms: int = 25, rep_ms: int = 100):
+        self.name, self.warmup_ms, self.rep_ms = name, warmup_ms, rep_ms
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, labels: dict[str, Any], *, flops: float | None = None, **fns: Callable[[], Any] | None) -> dict:
+        """Time each function in ``fns`` (ms); None entries are recorded as missing. Returns the row."""
+        row: dict[str, Any] = dict(labels)
+        times = {}
+        for key, fn in fns.items():
+            try:
+                times[key] = time_ms(fn, self.warmup_ms, self.rep_ms) if fn is not None else None
+            except Exception as e:  # a baseline that does not apply (e.g. no fused cuBLASLt op) is recorded, not fatal
+                times[key] = None
+                row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:200]
+        for key, ms in times.items():
+            row[f"{key}_ms"] = ms
+            if flops and ms:
+                row[f"{key}_tflops"] = flops / ms / 1e9
+        base = times.get("ge2")
+        for key, ms in times.items():
+            if key != "ge2" and base and ms:
+                row[f"ratio_{key}"] = ms / base
+        self.rows.append(row)
+        print(self._format_row(row), flush=True)
+        return row
+
+    @staticmethod
+    def _format_row(row: dict[str, Any]) -> str:
+        parts = []
+        for key, value in row.items():
+            if key.endswith("_error"):
+                continue
+            parts.append(f"{key}={value:.3g}" if isinstance(value, float) else f"{key}={value}")
+        return "  ".join(parts)
+
+    def table(self) -> str:
+        """The rows as an aligned text table (labels, TFLOP/s or ms, ratios)."""
+        if not self.rows:
+            return "(no rows)"
+        columns: list[str] = []
+        for row in self.rows:
+            for key in row:
+                if key not in columns and not key.endswith("_error") and not (
+                        key.endswith("_ms") and f"{key[:-3]}_tflops" in row):
+                    columns.append(key)
+        cells = [[self._cell(row.get(c)) for c in columns] for row in self.rows]
+        widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+        lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths))]
+        lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in cells]
+        return "\n".join(lines)
+
+    @staticmethod
+    def _cell(value: Any) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+        return str(value)
+
+    def report(self, **extra: Any) -> Path:
+        """Print the table and write the JSON (environment + rows + ``extra``); returns its path."""
+        print(self.table(), flush=True)
+        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+        path = RESULTS_DIR / f"{self.name}.json"
+        path.write_text(json.dumps({"name": self.name, **environment(), **extra, "rows": self.rows}, indent=1))
+        out = os.environ.get("OUT")  # on the device machine, also hand the file back
+        if out:
+            Path(out, path.name).write_text(path.read_text())
+        print(f"wrote {path}")
+        return path
