@@ -5,8 +5,8 @@ for gy = 1); backward only scales it by gy, on the device, skipping the pass whe
 
 **The in-place rule.** ``cross_entropy(..., inplace_backward=True)`` writes dlogits into the
 logits buffer during forward, so no N x C gradient is allocated. It is an explicit opt-in, allowed
-only for logits that are a non-leaf (the output of an earlier op, so the buffer belongs to the
-graph, never to the user's data or a parameter). After the call the logits tensor holds the
+only for logits that are a non-leaf owning its buffer (the output of an earlier op, and not a
+view of a leaf: the buffer belongs to the graph, never to the user's data or a parameter). After the call the logits tensor holds the
 gradient, not the logits: the caller must not read it again. The write bumps the logits' version
 counter, so an op that saved those logits for its own backward (e.g. log_softmax, tanh) raises
 "modified by an in-place operation" at backward instead of computing with the wrong values.
@@ -87,6 +87,26 @@ class CrossEntropy(Function):
         return call("cross_entropy_backward", gy, dlogits), None, None, None, None, None, None, None
 
 
+def _is_view_of_a_leaf(t: Tensor) -> bool:
+    """Whether t shares its memory with a leaf of its graph (views share their base's version counter)."""
+    seen, stack = set(), [t.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        for edge in node.edges:
+            if edge is None:
+                continue
+            src = edge[0]
+            if isinstance(src, Tensor):
+                if src._version_counter is t._version_counter:
+                    return True
+            else:
+                stack.append(src)
+    return False
+
+
 def cross_entropy(logits: Tensor, target: Tensor, weight: Tensor | None = None, *, ignore_index: int = -100,
                   reduction: str = "mean", label_smoothing: float = 0.0, inplace_backward: bool = False,
                   check_targets: bool | None = None) -> Tensor:
@@ -98,6 +118,9 @@ def cross_entropy(logits: Tensor, target: Tensor, weight: Tensor | None = None, 
     if inplace_backward and logits.requires_grad and logits.is_leaf:
         raise ValueError("cross_entropy: inplace_backward=True needs logits produced by an earlier op (a "
                          "non-leaf); these logits are a leaf tensor, whose buffer belongs to the caller")
+    if inplace_backward and logits.requires_grad and _is_view_of_a_leaf(logits):
+        raise ValueError("cross_entropy: inplace_backward=True needs logits that own their buffer; these are a "
+                         "view of a leaf tensor, whose values would be overwritten")
     inplace = inplace_backward and logits.requires_grad
     loss = CrossEntropy.apply(logits, target, weight, ignore_index, reduction, label_smoothing, inplace,
                               check_targets)

@@ -116,7 +116,9 @@ def cross_entropy_fwd_bwd_kernel(
         else:
             w_row = tl.where(col_ok, 1.0, 0.0)[None, :]
         w_x = tl.sum(tl.where(ok, w_row * x, 0.0), 1)
-        loss += tl.where(valid, (label_smoothing / C) * (w_sum * lse - w_x), 0.0)
+        loss += (label_smoothing / C) * (w_sum * lse - w_x)
+    # Ignored rows are 0 even when their logits are NaN (w[t] = 0 times NaN would not be).
+    loss = tl.where(valid, loss, 0.0)
     loss = tl.where(bad, float("nan"), loss)
     tl.store(loss_ptr + rows, loss.to(loss_ptr.dtype.element_ty), mask=rows < n_rows)
     if COMPUTE_GRAD:
@@ -173,7 +175,8 @@ def cross_entropy_fwd_bwd_online_kernel(
     loss = (1.0 - label_smoothing) * w_t * (lse - x_t)
     w_sum = tl.load(stats_ptr + 1)
     if SMOOTH:
-        loss += tl.where(valid, (label_smoothing / C) * (w_sum * lse - tl.sum(lane_wx, 0)), 0.0)
+        loss += (label_smoothing / C) * (w_sum * lse - tl.sum(lane_wx, 0))
+    loss = tl.where(valid, loss, 0.0)
     loss = tl.where(bad, float("nan"), loss)
     tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
     if COMPUTE_GRAD:
