@@ -1,0 +1,198 @@
+"""Softmax, fused cross-entropy and linear_cross_entropy: ge2 vs torch in one process (issue 4).
+
+    PYTHONPATH=. python3 bench/bench_softmax_ce.py [--quick]
+
+* softmax forward / backward, effective TB/s (bytes read + written) at 4096x4096 and 8192x32768,
+  fp32 and bf16; torch.softmax and its autograd backward beside it.
+* cross-entropy forward + backward (ms) and peak extra memory (x the logits' bytes) at 8192x32768
+  and 4096x128256, fp32 and bf16: ge2's fused op (gradient for gy = 1, then the gy scaling op,
+  which costs no pass when gy == 1) vs ``F.cross_entropy(x, t).backward()``.
+* linear_cross_entropy at N=8192, H=4096, V=128256 bf16 (time and peak memory) vs
+  ``F.cross_entropy(x @ W.T + b, t).backward()``.
+
+Times are do_bench medians (``bench.harness``); ``*_graph_ms`` columns replay the same call in a
+CUDA graph (``do_bench_cudagraph``), which removes Python launch overhead from small shapes.
+Writes bench/results/softmax_ce.json.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+
+import torch
+import torch.nn.functional as TF
+import triton
+
+import ge2
+import ge2.nn.functional as F
+from bench.harness import Bench
+from ge2.backend import call
+
+TARGET_TBPS = 2.7
+
+
+def _graph_ms(fn) -> float | None:
+    try:
+        return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
+    except Exception as e:  # noqa: BLE001  (a call that cannot be captured is reported, not fatal)
+        print(f"  (graph timing failed: {type(e).__name__}: {e})")
+        return None
+
+
+def _peak_extra_bytes(fn) -> int:
+    """Peak device memory fn() allocates beyond what was allocated before it (after a warm-up call)."""
+    fn()
+    torch.cuda.synchronize()
+    gc.collect()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def bench_softmax(bench: Bench, shapes, dtypes) -> None:
+    for (M, N), dtype in ((s, d) for s in shapes for d in dtypes):
+        x = torch.randn(M, N, device="cuda", dtype=dtype)
+        gy = torch.randn(M, N, device="cuda", dtype=dtype)
+        y = call("softmax", x, dim=-1)
+        y_ref = torch.softmax(x, -1)
+        err = ((y.double() - y_ref.double()).norm() / y_ref.double().norm()).item()
+        xt = x.clone().requires_grad_()
+        yt = torch.softmax(xt, -1)
+        nbytes = M * N * x.element_size()
+        for direction, ge2_fn, torch_fn, moved in (
+            ("fwd", lambda: call("softmax", x, dim=-1), lambda: torch.softmax(x, -1), 2 * nbytes),
+            ("bwd", lambda: call("softmax_backward", gy, y, dim=-1),
+             lambda: torch.autograd.grad(yt, xt, gy, retain_graph=True), 3 * nbytes),
+        ):
+            row = bench.add({"case": f"softmax_{direction}", "shape": f"{M}x{N}", "dtype": str(dtype)[6:]},
+                            ge2=ge2_fn, torch=torch_fn)
+            row["ge2_graph_ms"] = _graph_ms(ge2_fn)
+            row["torch_graph_ms"] = _graph_ms(torch_fn)
+            for k in ("ge2", "torch", "ge2_graph", "torch_graph"):
+                ms = row.get(f"{k}_ms")
+                row[f"{k}_tbps"] = moved / ms / 1e9 if ms else None
+            if direction == "fwd":
+                row["rel_err_vs_torch"] = err
+                row["meets_2.7TBps"] = bool(row["ge2_graph_tbps"] and row["ge2_graph_tbps"] >= TARGET_TBPS)
+            print(f"  -> ge2 {row['ge2_tbps']:.2f} TB/s (graph {row['ge2_graph_tbps'] or 0:.2f}), "
+                  f"torch {row['torch_tbps']:.2f} TB/s", flush=True)
+        del x, gy, y, y_ref, xt, yt
+        torch.cuda.empty_cache()
+
+
+def bench_cross_entropy(bench: Bench, shapes, dtypes) -> None:
+    for (N, C), dtype in ((s, d) for s in shapes for d in dtypes):
+        x = torch.randn(N, C, device="cuda", dtype=dtype)
+        t = torch.randint(0, C, (N,), device="cuda")
+        t[::17] = -100
+        one = torch.ones((), device="cuda", dtype=dtype)
+        logits_bytes = N * C * x.element_size()
+
+        def ge2_fused(check=None):
+            loss, g = call("cross_entropy_fwd_bwd", x, t, check_targets=check)
+            return call("cross_entropy_backward", one, g)
+
+        scratch = x.clone()
+
+        def ge2_inplace():
+            # dlogits overwrite the buffer (later iterations run on gradients: same work, same bytes)
+            loss, g = call("cross_entropy_fwd_bwd", scratch, t, inplace=True)
+            return call("cross_entropy_backward", one, g)
+
+        xt = x.clone().requires_grad_()
+
+        def torch_fwd_bwd():
+            xt.grad = None
+            TF.cross_entropy(xt, t).backward()
+
+        loss_ge2, g_ge2 = call("cross_entropy_fwd_bwd", x, t)
+        xt.grad = None
+        ref = TF.cross_entropy(xt, t)
+        ref.backward()
+        grad_err = ((g_ge2.double() - xt.grad.double()).norm() / xt.grad.double().norm()).item()
+        del g_ge2
+        xt.grad = None
+        row = bench.add({"case": "cross_entropy_fwd_bwd", "shape": f"{N}x{C}", "dtype": str(dtype)[6:]},
+                        ge2=ge2_fused, ge2_nocheck=lambda: ge2_fused(False), ge2_inplace=ge2_inplace,
+                        torch=torch_fwd_bwd)
+        row["ge2_graph_ms"] = _graph_ms(lambda: ge2_fused(False))
+        row["loss_abs_diff"] = abs(loss_ge2.item() - ref.item())
+        row["grad_rel_err_vs_torch"] = grad_err
+        scratch.copy_(x)
+        mem_ge2 = _peak_extra_bytes(ge2_inplace)
+        xt.grad = None
+        mem_torch = _peak_extra_bytes(torch_fwd_bwd)
+        xt.grad = None
+        row["ge2_peak_extra_x_logits"] = mem_ge2 / logits_bytes
+        row["torch_peak_extra_x_logits"] = mem_torch / logits_bytes
+        print(f"  -> peak extra memory: ge2 {row['ge2_peak_extra_x_logits']:.4f}x logits, "
+              f"torch {row['torch_peak_extra_x_logits']:.2f}x", flush=True)
+        del x, t, scratch, xt, ref, loss_ge2
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def bench_linear_cross_entropy(bench: Bench, N: int, H: int, V: int, dtype) -> None:
+    x0 = torch.randn(N, H, device="cuda", dtype=dtype)
+    W0 = torch.randn(V, H, device="cuda", dtype=dtype) * H ** -0.5
+    b0 = torch.randn(V, device="cuda", dtype=dtype) * 0.1
+    t = torch.randint(0, V, (N,), device="cuda")
+    x, W, b = (ge2.from_torch(v, requires_grad=True) for v in (x0, W0, b0))
+    tt = ge2.from_torch(t)
+
+    def ge2_fn():
+        x.grad = W.grad = b.grad = None
+        F.linear_cross_entropy(x, W, b, tt).backward()
+
+    xt, Wt, bt = (v.clone().requires_grad_() for v in (x0, W0, b0))
+
+    def torch_fn():
+        xt.grad = Wt.grad = bt.grad = None
+        TF.cross_entropy(xt @ Wt.T + bt, t).backward()
+
+    ge2_fn()
+    torch_fn()
+    errs = {name: ((a.grad.data.double() - r.grad.double()).norm() / r.grad.double().norm()).item()
+            for name, a, r in (("dx", x, xt), ("dW", W, Wt), ("db", b, bt))}
+    row = bench.add({"case": "linear_cross_entropy", "shape": f"N{N}_H{H}_V{V}", "dtype": str(dtype)[6:]},
+                    ge2=ge2_fn, torch=torch_fn, flops=3 * 2 * N * H * V)
+    mem_ge2 = _peak_extra_bytes(ge2_fn)
+    mem_torch = _peak_extra_bytes(torch_fn)
+    row["ge2_peak_extra_gb"] = mem_ge2 / 1e9
+    row["torch_peak_extra_gb"] = mem_torch / 1e9
+    row["peak_ratio_ge2_over_torch"] = mem_ge2 / mem_torch
+    row["time_ratio_ge2_over_torch"] = row["ge2_ms"] / row["torch_ms"]
+    row.update({f"{k}_rel_diff_vs_torch": v for k, v in errs.items()})
+    print(f"  -> peak extra: ge2 {mem_ge2 / 1e9:.2f} GB, torch {mem_torch / 1e9:.2f} GB "
+          f"({mem_ge2 / mem_torch:.2f}x); time {row['time_ratio_ge2_over_torch']:.2f}x torch; grads {errs}",
+          flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="smaller shapes (a smoke run)")
+    ap.add_argument("--skip-lce", action="store_true")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_softmax_ce: needs a CUDA GPU (timings under the interpreter mean nothing)")
+    torch.manual_seed(0)
+    bench = Bench("softmax_ce")
+    dtypes = (torch.float32, torch.bfloat16)
+    quick = args.quick
+    bench_softmax(bench, [(1024, 1024)] if quick else [(4096, 4096), (8192, 32768)], dtypes)
+    bench_cross_entropy(bench, [(1024, 4096)] if quick else [(8192, 32768), (4096, 128256)], dtypes)
+    if not args.skip_lce:
+        bench_linear_cross_entropy(bench, *((512, 256, 8192) if quick else (8192, 4096, 128256)), torch.bfloat16)
+    bench.report(targets={
+        "softmax_fwd_tbps": TARGET_TBPS,
+        "ce_fwd_bwd_ms": {"8192x32768": {"float32": 0.8, "bfloat16": 0.45},
+                          "4096x128256": {"float32": 1.5, "bfloat16": 0.8}},
+        "ce_peak_extra_x_logits": 0.1,
+        "lce": {"peak_ratio": 0.25, "time_ratio": 1.1},
+    })
+
+
+if __name__ == "__main__":
+    main()
