@@ -20,5 +20,6 @@ from ge2.backend.schema import Schema, TensorArg  # noqa: F401
 
 # Op families (each: defop + triton implementations), then the torch oracle for all of them.
 from ge2.backend import elementwise, reduction, gemm  # noqa: F401,E402
+from ge2.backend import norm, dropout, embedding, optim  # noqa: F401,E402
 from ge2.backend import softmax, losses  # noqa: F401,E402
 from ge2.backend import torch_backend  # noqa: F401,E402

@@ -8,3 +8,9 @@ from ge2.autograd.softmax import (  # noqa: F401
     nll_loss,
     softmax,
 )
+from ge2.autograd.linear import linear  # noqa: F401,E402
+from ge2.autograd.norm import batch_norm, layer_norm, rms_norm  # noqa: F401,E402
+from ge2.autograd.dropout import dropout  # noqa: F401,E402
+from ge2.autograd.embedding import embedding  # noqa: F401,E402
+from ge2.autograd.math import flatten, relu, sigmoid, tanh  # noqa: F401,E402
+from ge2.nn.activation import gelu, leaky_relu, silu  # noqa: F401,E402

@@ -1,0 +1,74 @@
+"""``linear``: y = act(x @ W^T + b) as one GEMM-epilogue launch; backward is one "gemm_backward".
+
+W is [out, in] like torch's Linear; it is read transposed through strides (``trans_b``), never
+copied. x may have any leading dims ([..., in]); they are folded into the GEMM's M.
+"""
+from __future__ import annotations
+
+from ge2 import backend
+from ge2.autograd.function import Function
+from ge2.autograd.tensor import Tensor
+from ge2.backend.schema import dtype_name, shape_str
+from ge2.kernels import activations
+
+call = backend.call
+
+
+class Linear(Function):
+    """y = act(x W^T + b): forward saves x, W and y (or z, the pre-activation, for gelu/silu)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, act, act_alpha):
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        bias_kind = "per_n" if bias is not None else "none"
+        from_z = activations.needs_z(activations.act_code("linear", act, act_alpha))
+        y, z = call("gemm", x2, weight, None, bias, trans_b=True, bias_kind=bias_kind, act=act,
+                    act_alpha=act_alpha, save_z=from_z and any(ctx.needs_input_grad[:3]))
+        ctx.save_for_backward(x2, weight, z if from_z else y)
+        ctx.lead, ctx.bias_kind, ctx.act, ctx.act_alpha, ctx.from_z = lead, bias_kind, act, act_alpha, from_z
+        return y.reshape(*lead, weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, gy):
+        x2, weight, saved = ctx.saved_tensors
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        gy2 = gy.reshape(-1, weight.shape[0])
+        dx, dw, dbias, _ = call(
+            "gemm_backward", gy2, x2, weight, saved if ctx.from_z else None, None if ctx.from_z else saved,
+            trans_b=True, bias_kind=ctx.bias_kind, act=ctx.act, act_alpha=ctx.act_alpha,
+            need_a=need_x, need_b=need_w)
+        if dx is not None:
+            dx = dx.reshape(*ctx.lead, weight.shape[1])
+        return dx, dw, (dbias if ctx.needs_input_grad[2] else None), None, None
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str | None = None,
+           negative_slope: float = 0.01) -> Tensor:
+    """act(x [..., in] @ weight[out, in]^T + bias[out]) -> [..., out]: one fused GEMM-epilogue launch.
+
+    ``activation``: None, "relu", "leaky_relu" (``negative_slope``), "gelu", "gelu_tanh", "sigmoid",
+    "tanh" or "silu".
+    """
+    for name, t in (("x", x), ("weight", weight)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"linear: {name} must be a Tensor, got {type(t).__name__}")
+    if bias is not None and not isinstance(bias, Tensor):
+        raise TypeError(f"linear: bias must be a Tensor or None, got {type(bias).__name__}")
+    if weight.ndim != 2:
+        raise ValueError(f"linear: weight must be 2-D [out, in], got shape {shape_str(weight.shape)}")
+    if x.ndim == 0:
+        raise ValueError("linear: x is 0-d; expected [..., in_features]")
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"linear: x {shape_str(x.shape)} has {x.shape[-1]} features but weight "
+                         f"{shape_str(weight.shape)} expects {weight.shape[1]}")
+    if bias is not None and (bias.ndim != 1 or bias.shape[0] != weight.shape[0]):
+        raise ValueError(f"linear: bias must be [{weight.shape[0]}] (one per output), got {shape_str(bias.shape)}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype != x.dtype:
+            raise TypeError(f"linear: x has dtype {dtype_name(x.dtype)} but {name} has {dtype_name(t.dtype)}")
+    act = activation or "none"
+    activations.act_code("linear", act, negative_slope)
+    if x.ndim == 1:
+        return Linear.apply(x.reshape(1, -1), weight, bias, act, negative_slope).reshape(-1)
+    return Linear.apply(x, weight, bias, act, negative_slope)

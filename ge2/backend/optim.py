@@ -1,0 +1,95 @@
+"""Optimizer ops: fused multi-tensor updates (kernels in ``ge2.kernels.optim``). All update in place.
+
+``sgd_step(hyper, *, params, grads, momentum_buffers, group_ids, has_momentum, nesterov)``
+``adam_step(hyper, *, params, grads, exp_avgs, exp_avg_sqs, group_ids, decoupled)``
+    hyper: float64 [groups, HYPER_SLOTS] on the params' device (lr, betas/momentum, eps, weight decay,
+    step and the derived bias corrections; slots in ``ge2.kernels.optim``); the op advances the step.
+    params/grads/states: equal-length lists of contiguous tensors, grads[i] and states[i] shaped like
+    params[i]; states fp32; group_ids[i] the row of hyper for params[i].
+``clip_grad_norm_(norm_out, *, grads, max_norm, norm_type=2.0) -> norm_out``
+    norm_out: fp32 [1], receives the total norm of all grads; grads scaled in place by
+    min(max_norm / (norm + 1e-6), 1). norm_type 2 or inf.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from ge2.backend.registry import defop, register
+from ge2.backend.schema import Schema, TensorArg, dtype_name, shape_str
+from ge2.kernels import optim as K
+
+HYPER = TensorArg("hyper", (torch.float64,), ndim=(2,))
+
+
+def _check_lists(op: str, hyper, params, grads, states: dict, group_ids) -> None:
+    n = len(params)
+    if hyper.shape[1] != K.HYPER_SLOTS:
+        raise ValueError(f"{op}: hyper must be [groups, {K.HYPER_SLOTS}], got {shape_str(hyper.shape)}")
+    lists = {"grads": grads, "group_ids": group_ids, **states}
+    for name, seq in lists.items():
+        if seq is not None and len(seq) != n:
+            raise ValueError(f"{op}: {name} has {len(seq)} entries but params has {n}")
+    for i, (p, g) in enumerate(zip(params, grads)):
+        if tuple(g.shape) != tuple(p.shape) or g.dtype != p.dtype:
+            raise ValueError(f"{op}: grads[{i}] is {shape_str(g.shape)} {dtype_name(g.dtype)} but params[{i}] is "
+                             f"{shape_str(p.shape)} {dtype_name(p.dtype)}")
+        for name, t in (("params", p), ("grads", g)):
+            if not t.is_contiguous():
+                raise ValueError(f"{op}: {name}[{i}] must be contiguous (shape {shape_str(t.shape)}, strides "
+                                 f"{list(t.stride())})")
+            if t.device != hyper.device:
+                raise ValueError(f"{op}: {name}[{i}] is on {t.device} but hyper is on {hyper.device}")
+        for name, seq in states.items():
+            if seq is None:
+                continue
+            s = seq[i]
+            if s is None or tuple(s.shape) != tuple(p.shape) or s.dtype != torch.float32 or not s.is_contiguous():
+                got = "None" if s is None else f"{shape_str(s.shape)} {dtype_name(s.dtype)}"
+                raise ValueError(f"{op}: {name}[{i}] must be a contiguous float32 {shape_str(p.shape)}, got {got}")
+    for i, gid in enumerate(group_ids):
+        if not 0 <= gid < hyper.shape[0]:
+            raise ValueError(f"{op}: group_ids[{i}] = {gid} is outside 0..{hyper.shape[0] - 1}")
+
+
+def _check_sgd(op, hyper, *, params, grads, momentum_buffers, group_ids, has_momentum, nesterov) -> None:
+    _check_lists(op, hyper, params, grads, {"momentum_buffers": momentum_buffers if has_momentum else None},
+                 group_ids)
+
+
+defop("sgd_step", Schema((HYPER,), _check_sgd))
+register("sgd_step", "triton", dtypes=(torch.float64,))(
+    lambda hyper, *, params, grads, momentum_buffers, group_ids, has_momentum, nesterov:
+    K.sgd_step(hyper, params, grads, momentum_buffers, group_ids, has_momentum=has_momentum, nesterov=nesterov))
+
+
+def _check_adam(op, hyper, *, params, grads, exp_avgs, exp_avg_sqs, group_ids, decoupled) -> None:
+    _check_lists(op, hyper, params, grads, {"exp_avgs": exp_avgs, "exp_avg_sqs": exp_avg_sqs}, group_ids)
+
+
+defop("adam_step", Schema((HYPER,), _check_adam))
+register("adam_step", "triton", dtypes=(torch.float64,))(
+    lambda hyper, *, params, grads, exp_avgs, exp_avg_sqs, group_ids, decoupled:
+    K.adam_step(hyper, params, grads, exp_avgs, exp_avg_sqs, group_ids, decoupled=decoupled))
+
+
+def _check_clip(op, norm_out, *, grads, max_norm, norm_type=2.0) -> None:
+    if norm_out.numel() != 1:
+        raise ValueError(f"{op}: norm_out must have one element, got {shape_str(norm_out.shape)}")
+    if not isinstance(max_norm, numbers.Real) or not max_norm >= 0:
+        raise ValueError(f"{op}: max_norm must be a non-negative number, got {max_norm!r}")
+    if norm_type not in (2, 2.0, math.inf):
+        raise ValueError(f"{op}: norm_type must be 2 or inf, got {norm_type!r}")
+    for i, g in enumerate(grads):
+        if not g.is_contiguous():
+            raise ValueError(f"{op}: grads[{i}] must be contiguous, got strides {list(g.stride())}")
+        if g.device != norm_out.device:
+            raise ValueError(f"{op}: grads[{i}] is on {g.device} but norm_out is on {norm_out.device}")
+
+
+defop("clip_grad_norm_", Schema((TensorArg("norm_out", (torch.float32,)),), _check_clip))
+register("clip_grad_norm_", "triton", dtypes=(torch.float32,))(
+    lambda norm_out, *, grads, max_norm, norm_type=2.0:
+    K.clip_grad_norm_(norm_out, grads, max_norm, norm_type == math.inf))

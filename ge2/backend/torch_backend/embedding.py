@@ -1,0 +1,24 @@
+"""torch reference of the embedding ops."""
+from __future__ import annotations
+
+import torch
+
+from ge2.backend.registry import FLOAT_DTYPES, register
+
+
+@register("embedding", "torch", dtypes=(torch.int32, torch.int64))
+def embedding(idx, weight, *, check=True):
+    V = weight.shape[0]
+    if check and idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= V):
+        raise ValueError(f"embedding: index(es) out of range for a table of {V} rows (valid: 0..{V - 1})")
+    return torch.nn.functional.embedding(idx.long(), weight).contiguous()
+
+
+@register("embedding_backward", "torch", dtypes=FLOAT_DTYPES)
+def embedding_backward(gy, idx, *, num_embeddings, padding_idx=None, dtype):
+    D = gy.shape[-1]
+    gw = torch.zeros((num_embeddings, D), dtype=torch.float32, device=gy.device)
+    gw.index_add_(0, idx.reshape(-1).long(), gy.reshape(-1, D).float())
+    if padding_idx is not None:
+        gw[padding_idx] = 0
+    return gw.to(dtype)

@@ -1,0 +1,117 @@
+"""torch reference implementations of the normalisation ops (fp32 math, like the kernels)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ge2.backend.registry import register
+
+
+def _rows(x, normalized_shape):
+    n = math.prod(tuple(normalized_shape) if not isinstance(normalized_shape, int) else (normalized_shape,))
+    return x.reshape(-1, n).float(), n
+
+
+def _affine(t, n):
+    return t.reshape(n).float() if t is not None else None
+
+
+@register("layer_norm", "torch")
+def layer_norm(x, weight=None, bias=None, *, normalized_shape, eps=1e-5):
+    x2, n = _rows(x, normalized_shape)
+    mean = x2.mean(1)
+    rstd = torch.rsqrt(((x2 - mean[:, None]) ** 2).mean(1) + eps)
+    y = (x2 - mean[:, None]) * rstd[:, None]
+    if weight is not None:
+        y = y * _affine(weight, n)
+    if bias is not None:
+        y = y + _affine(bias, n)
+    return y.to(x.dtype).reshape(x.shape), mean, rstd
+
+
+def _row_norm_backward(gy, x, weight, mean, rstd, normalized_shape, rms, need_x, need_weight, need_bias):
+    x2, n = _rows(x, normalized_shape)
+    g2 = gy.reshape(-1, n).float()
+    xhat = (x2 - mean[:, None]) * rstd[:, None]
+    g = g2 * _affine(weight, n) if weight is not None else g2
+    gx = None
+    if need_x:
+        mean_g = 0.0 if rms else g.mean(1, keepdim=True)
+        gx = (rstd[:, None] * (g - mean_g - xhat * (g * xhat).mean(1, keepdim=True))).to(x.dtype).reshape(x.shape)
+    shape = weight.shape if weight is not None else tuple(x.shape[x.dim() - len(tuple(normalized_shape)):])
+    dtype = weight.dtype if weight is not None else x.dtype
+    dw = (g2 * xhat).sum(0).to(dtype).reshape(shape) if need_weight and weight is not None else None
+    db = g2.sum(0).to(dtype).reshape(shape) if need_bias else None
+    return gx, dw, db
+
+
+@register("layer_norm_backward", "torch")
+def layer_norm_backward(gy, x, weight, mean, rstd, *, normalized_shape, need_x=True, need_weight=True, need_bias=True):
+    return _row_norm_backward(gy, x, weight, mean, rstd, normalized_shape, False, need_x, need_weight, need_bias)
+
+
+@register("rms_norm", "torch")
+def rms_norm(x, weight=None, *, normalized_shape, eps):
+    x2, n = _rows(x, normalized_shape)
+    rstd = torch.rsqrt((x2 * x2).mean(1) + eps)
+    y = x2 * rstd[:, None]
+    if weight is not None:
+        y = y * _affine(weight, n)
+    return y.to(x.dtype).reshape(x.shape), rstd
+
+
+@register("rms_norm_backward", "torch")
+def rms_norm_backward(gy, x, weight, rstd, *, normalized_shape, need_x=True, need_weight=True):
+    gx, dw, _ = _row_norm_backward(gy, x, weight, torch.zeros_like(rstd), rstd, normalized_shape, True, need_x,
+                                   need_weight, False)
+    return gx, dw
+
+
+def _channels(x):
+    return x.reshape(x.shape[0], x.shape[1], -1).float().transpose(0, 1).reshape(x.shape[1], -1)
+
+
+@register("batch_norm", "torch")
+def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, num_batches_tracked=None, *,
+               training, momentum=0.1, eps=1e-5):
+    xc = _channels(x)
+    if training:
+        mean = xc.mean(1)
+        var = ((xc - mean[:, None]) ** 2).mean(1)
+        if running_mean is not None:
+            L = xc.shape[1]
+            running_mean.copy_((1 - momentum) * running_mean.float() + momentum * mean)
+            running_var.copy_((1 - momentum) * running_var.float() + momentum * var * L / max(L - 1, 1))
+            if num_batches_tracked is not None:
+                num_batches_tracked.add_(1)
+    else:
+        mean, var = running_mean.float().clone(), running_var.float().clone()
+    rstd = torch.rsqrt(var + eps)
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    y = (x.float() - mean.reshape(shape)) * rstd.reshape(shape)
+    if weight is not None:
+        y = y * weight.float().reshape(shape)
+    if bias is not None:
+        y = y + bias.float().reshape(shape)
+    return y.to(x.dtype), mean, rstd
+
+
+@register("batch_norm_backward", "torch")
+def batch_norm_backward(gy, x, weight, mean, rstd, *, training, need_x=True):
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    xhat = (x.float() - mean.reshape(shape)) * rstd.reshape(shape)
+    g = gy.float()
+    dims = [0] + list(range(2, x.dim()))
+    db = g.sum(dims)
+    dw = (g * xhat).sum(dims)
+    gx = None
+    if need_x:
+        L = x.numel() // x.shape[1]
+        scale = rstd.reshape(shape) * (weight.float().reshape(shape) if weight is not None else 1.0)
+        if training:
+            gx = scale * (g - db.reshape(shape) / L - xhat * dw.reshape(shape) / L)
+        else:
+            gx = scale * g
+        gx = gx.to(x.dtype)
+    return gx, dw, db

@@ -1,0 +1,84 @@
+"""Embedding: a row gather forward, a scatter-add backward.
+
+Forward copies row ``weight[idx[i]]`` for each index (one program per (index block, column
+block)). An out-of-range index writes NaN in its row, never reads out of bounds, and counts in
+a device flag that the launcher reads after the launch (one 4-byte host read) to raise a clear
+error. Backward adds each gy row into dweight[idx[i]] with atomics (fp32 accumulation; order of
+additions, so the last bits, can vary between GPU runs), skipping ``padding_idx``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ge2.runtime import autotune
+
+BLOCK_I = 16
+
+
+def _configs() -> list[triton.Config]:
+    return [triton.Config({"BLOCK_D": bd}, num_warps=w) for bd in (64, 128, 256) for w in (2, 4)]
+
+
+@autotune(_configs(), key=["D"], default=2)
+@triton.jit
+def embedding_fwd_kernel(idx_ptr, w_ptr, y_ptr, bad_ptr, n_idx, V, D, stride_wv, stride_wd,
+                         BLOCK_I: tl.constexpr, BLOCK_D: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    live = rows < n_idx
+    idx = tl.load(idx_ptr + rows, mask=live, other=0).to(tl.int64)
+    valid = (idx >= 0) & (idx < V)
+    safe = tl.where(valid, idx, 0)
+    m = live[:, None] & (cols[None, :] < D)
+    vals = tl.load(w_ptr + safe[:, None] * stride_wv + cols[None, :] * stride_wd, mask=m & valid[:, None], other=0.0)
+    vals = tl.where(valid[:, None], vals, float("nan"))
+    tl.store(y_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :], vals.to(y_ptr.dtype.element_ty), mask=m)
+    if tl.program_id(1) == 0:
+        tl.atomic_add(bad_ptr, tl.sum(tl.where(live & ~valid, 1, 0), axis=0))
+
+
+@autotune(_configs(), key=["D"], default=2)
+@triton.jit
+def embedding_bwd_kernel(idx_ptr, gy_ptr, gw_ptr, n_idx, V, D, padding_idx,
+                         BLOCK_I: tl.constexpr, BLOCK_D: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    idx = tl.load(idx_ptr + rows, mask=rows < n_idx, other=-1).to(tl.int64)
+    use = (rows < n_idx) & (idx >= 0) & (idx < V) & (idx != padding_idx)
+    m = use[:, None] & (cols[None, :] < D)
+    g = tl.load(gy_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    tl.atomic_add(gw_ptr + tl.where(use, idx, 0)[:, None] * D + cols[None, :], g, mask=m)
+
+
+def embedding(idx: torch.Tensor, weight: torch.Tensor, check: bool = True) -> torch.Tensor:
+    """weight[idx]: idx any int shape, weight [V, D] -> [*idx.shape, D] (contiguous)."""
+    flat = idx.reshape(-1)
+    n, (V, D) = flat.numel(), weight.shape
+    y = torch.empty((*idx.shape, D), dtype=weight.dtype, device=weight.device)
+    if n == 0 or D == 0:
+        return y
+    bad = torch.zeros(1, dtype=torch.int32, device=weight.device)
+    grid = lambda meta: (triton.cdiv(n, BLOCK_I), triton.cdiv(D, meta["BLOCK_D"]))  # noqa: E731
+    embedding_fwd_kernel[grid](flat, weight, y, bad, n, V, D, weight.stride(0), weight.stride(1), BLOCK_I=BLOCK_I)
+    if check and not torch.cuda.is_current_stream_capturing():
+        count = int(bad.item())
+        if count:
+            raise ValueError(f"embedding: {count} index(es) out of range for a table of {V} rows "
+                             f"(valid: 0..{V - 1}); their rows are NaN")
+    return y
+
+
+def embedding_backward(gy: torch.Tensor, idx: torch.Tensor, V: int, padding_idx: int | None,
+                       dtype: torch.dtype) -> torch.Tensor:
+    """dweight [V, D] of ``dtype``: the gy rows summed per index; padding_idx's row stays 0."""
+    flat = idx.reshape(-1)
+    D = gy.shape[-1]
+    g2 = gy.reshape(-1, D).contiguous()
+    gw = torch.zeros((V, D), dtype=torch.float32, device=gy.device)
+    n = flat.numel()
+    if n and D:
+        grid = lambda meta: (triton.cdiv(n, BLOCK_I), triton.cdiv(D, meta["BLOCK_D"]))  # noqa: E731
+        embedding_bwd_kernel[grid](flat, g2, gw, n, V, D, -1 if padding_idx is None else padding_idx, BLOCK_I=BLOCK_I)
+    return gw if dtype == torch.float32 else gw.to(dtype)

@@ -1,0 +1,266 @@
+"""Fused multi-tensor optimizer updates (SGD, Adam/AdamW) and gradient-norm clipping.
+
+One launch updates every parameter of one dtype: a device table holds, per parameter, the
+addresses of the parameter, its gradient and its optimizer state, its element count and its
+parameter group; a chunk table maps each program to (parameter, first element). A program
+loads its row, casts the addresses to pointers and updates ``BLOCK`` elements. The tables are
+rebuilt only when an address changes (a cache keyed by the addresses), so a steady training loop
+uploads nothing.
+
+Hyper-parameters and step counts live on the device in ``hyper``, float64 [groups, HYPER_SLOTS]
+(layout below). ``optim_prepare_kernel`` (one program per group) advances the step and the
+running powers beta1^t, beta2^t and derives the bias corrections before the update reads them.
+Changing lr is a write into ``hyper``: no recompilation, and a captured CUDA graph that replays
+the step reads the new value. Math is fp32 (the state is fp32 whatever the parameter dtype);
+derived scalars are formed in fp64 as torch.optim does in Python, then rounded once.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ge2.runtime import autotune
+
+# hyper slots: what the user sets, then what optim_prepare_kernel maintains.
+LR, BETA1, BETA2, EPS, WEIGHT_DECAY, STEP, BETA1_POW, BETA2_POW, STEP_SIZE, BC2_SQRT = range(10)
+MOMENTUM, DAMPENING = BETA1, BETA2  # SGD reuses the beta slots
+HYPER_SLOTS = 16
+
+TABLE_COLS = 6  # param, grad, state1, state2 addresses, numel, group
+BLOCK = 1024
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16,
+              torch.float64: tl.float64}
+
+
+def _configs() -> list[triton.Config]:
+    return [triton.Config({}, num_warps=w) for w in (4, 8)]
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def optim_prepare_kernel(hyper_ptr, HYPER_SLOTS: tl.constexpr):
+    """step += 1, beta^t *= beta, step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t): one group."""
+    h = hyper_ptr + tl.program_id(0) * HYPER_SLOTS
+    step = tl.load(h + 5) + 1.0
+    b1_pow = tl.load(h + 6) * tl.load(h + 1)
+    b2_pow = tl.load(h + 7) * tl.load(h + 2)
+    tl.store(h + 5, step)
+    tl.store(h + 6, b1_pow)
+    tl.store(h + 7, b2_pow)
+    tl.store(h + 8, tl.load(h + 0) / (1.0 - b1_pow))
+    tl.store(h + 9, tl.sqrt(1.0 - b2_pow))
+
+
+@triton.jit
+def _chunk(table_ptr, chunks_ptr, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    """(param ptr, grad ptr, state1 ptr, state2 ptr, offsets, mask, group) of this program's chunk."""
+    c = tl.program_id(0)
+    t = tl.load(chunks_ptr + 2 * c)
+    start = tl.load(chunks_ptr + 2 * c + 1)
+    row = table_ptr + t * 6
+    p = tl.load(row).to(tl.pointer_type(DTYPE))
+    g = tl.load(row + 1).to(tl.pointer_type(DTYPE))
+    s1 = tl.load(row + 2).to(tl.pointer_type(tl.float32))
+    s2 = tl.load(row + 3).to(tl.pointer_type(tl.float32))
+    offs = start + tl.arange(0, BLOCK)
+    mask = offs < tl.load(row + 4)
+    return p, g, s1, s2, offs, mask, tl.load(row + 5)
+
+
+@autotune(_configs(), key=["DTYPE", "HAS_MOMENTUM", "NESTEROV"], default=0)
+@triton.jit
+def sgd_kernel(table_ptr, chunks_ptr, hyper_ptr, HYPER_SLOTS: tl.constexpr, DTYPE: tl.constexpr,
+               HAS_MOMENTUM: tl.constexpr, NESTEROV: tl.constexpr, BLOCK: tl.constexpr):
+    """p -= lr * d, d = g + wd p, or its momentum buffer (torch.optim.SGD's rule)."""
+    p_ptr, g_ptr, buf_ptr, _s2, offs, mask, group = _chunk(table_ptr, chunks_ptr, DTYPE, BLOCK)
+    h = hyper_ptr + group * HYPER_SLOTS
+    lr = tl.load(h + 0).to(tl.float32)
+    wd = tl.load(h + 4).to(tl.float32)
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    d = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    d = d + wd * p
+    if HAS_MOMENTUM:
+        momentum = tl.load(h + 1).to(tl.float32)
+        keep = (1.0 - tl.load(h + 2)).to(tl.float32)  # 1 - dampening
+        first = tl.load(h + 5) == 1.0
+        buf = tl.load(buf_ptr + offs, mask=mask, other=0.0)
+        # torch starts the buffer at the first gradient itself (no dampening on step 1)
+        buf = tl.where(first, d, buf * momentum + keep * d)
+        tl.store(buf_ptr + offs, buf, mask=mask)
+        if NESTEROV:
+            d = d + momentum * buf
+        else:
+            d = buf
+    tl.store(p_ptr + offs, (p + (-lr) * d).to(DTYPE), mask=mask)
+
+
+@autotune(_configs(), key=["DTYPE", "DECOUPLED"], default=0)
+@triton.jit
+def adam_kernel(table_ptr, chunks_ptr, hyper_ptr, HYPER_SLOTS: tl.constexpr, DTYPE: tl.constexpr,
+                DECOUPLED: tl.constexpr, BLOCK: tl.constexpr):
+    """Adam (L2 weight decay into g) or AdamW (decoupled: p *= 1 - lr wd), torch.optim's order of operations."""
+    p_ptr, g_ptr, m_ptr, v_ptr, offs, mask, group = _chunk(table_ptr, chunks_ptr, DTYPE, BLOCK)
+    h = hyper_ptr + group * HYPER_SLOTS
+    lr = tl.load(h + 0)
+    beta1 = tl.load(h + 1)
+    beta2 = tl.load(h + 2)
+    eps = tl.load(h + 3).to(tl.float32)
+    wd = tl.load(h + 4)
+    step_size = tl.load(h + 8).to(tl.float32)
+    bc2_sqrt = tl.load(h + 9).to(tl.float32)
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if DECOUPLED:
+        p = p * (1.0 - lr * wd).to(tl.float32)
+    else:
+        g = g + wd.to(tl.float32) * p
+    m = tl.load(m_ptr + offs, mask=mask, other=0.0)
+    v = tl.load(v_ptr + offs, mask=mask, other=0.0)
+    m = m + (1.0 - beta1).to(tl.float32) * (g - m)  # torch's lerp_ for weights < 0.5
+    v = v * beta2.to(tl.float32) + (1.0 - beta2).to(tl.float32) * (g * g)
+    tl.store(m_ptr + offs, m, mask=mask)
+    tl.store(v_ptr + offs, v, mask=mask)
+    denom = tl.sqrt(v) / bc2_sqrt + eps
+    tl.store(p_ptr + offs, (p + (-step_size) * (m / denom)).to(DTYPE), mask=mask)
+
+
+@autotune(_configs(), key=["DTYPE", "INF_NORM"], default=0)
+@triton.jit
+def grad_norm_partial_kernel(table_ptr, chunks_ptr, partial_ptr, DTYPE: tl.constexpr, INF_NORM: tl.constexpr,
+                             BLOCK: tl.constexpr):
+    """partial[chunk] = sum of g^2 (or max |g|) over this program's chunk."""
+    _p, g_ptr, _s1, _s2, offs, mask, _group = _chunk(table_ptr, chunks_ptr, DTYPE, BLOCK)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if INF_NORM:
+        tl.store(partial_ptr + tl.program_id(0), tl.max(tl.abs(g), axis=0))
+    else:
+        tl.store(partial_ptr + tl.program_id(0), tl.sum(g * g, axis=0))
+
+
+@triton.jit
+def grad_norm_finish_kernel(partial_ptr, n_partials, norm_ptr, coef_ptr, max_norm, eps,
+                            INF_NORM: tl.constexpr, BLOCK: tl.constexpr):
+    """norm = sqrt(sum partials) (or their max); coef = min(max_norm / (norm + eps), 1). One program."""
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_partials, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(partial_ptr + offs, mask=offs < n_partials, other=0.0)
+        if INF_NORM:
+            acc = tl.maximum(acc, x)
+        else:
+            acc += x
+    if INF_NORM:
+        norm = tl.max(acc, axis=0)
+    else:
+        norm = tl.sqrt(tl.sum(acc, axis=0))
+    tl.store(norm_ptr, norm)
+    tl.store(coef_ptr, tl.minimum(max_norm / (norm + eps), 1.0))
+
+
+@autotune(_configs(), key=["DTYPE"], default=0)
+@triton.jit
+def scale_grads_kernel(table_ptr, chunks_ptr, coef_ptr, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    """g *= coef (read on the device: no host sync between the norm and the scaling)."""
+    _p, g_ptr, _s1, _s2, offs, mask, _group = _chunk(table_ptr, chunks_ptr, DTYPE, BLOCK)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(g_ptr + offs, (g * tl.load(coef_ptr)).to(DTYPE), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# tables
+# ---------------------------------------------------------------------------------------------
+_TABLE_CACHE: dict[tuple, tuple[torch.Tensor, torch.Tensor, int]] = {}
+_TABLE_CACHE_SIZE = 64
+
+
+def _addr(t: torch.Tensor | None) -> int:
+    return t.data_ptr() if t is not None else 0
+
+
+def tensor_table(params, grads, states1, states2, groups) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(table int64 [T, 6], chunks int64 [n, 2], n) on the params' device; cached by addresses and sizes."""
+    rows = tuple((_addr(p), _addr(g), _addr(s1), _addr(s2), g.numel(), grp)
+                 for p, g, s1, s2, grp in zip(params, grads, states1, states2, groups))
+    device = grads[0].device
+    key = (device, rows)
+    hit = _TABLE_CACHE.get(key)
+    if hit is not None:
+        return hit
+    chunks = [(i, start) for i, r in enumerate(rows) for start in range(0, r[4], BLOCK)]
+    table = torch.tensor([list(r) for r in rows], dtype=torch.int64).to(device)
+    chunk_t = torch.tensor(chunks or [(0, 0)], dtype=torch.int64).to(device)
+    if len(_TABLE_CACHE) >= _TABLE_CACHE_SIZE:
+        _TABLE_CACHE.pop(next(iter(_TABLE_CACHE)))
+    _TABLE_CACHE[key] = hit = (table, chunk_t, len(chunks))
+    return hit
+
+
+def _by_dtype(grads) -> dict[torch.dtype, list[int]]:
+    out: dict[torch.dtype, list[int]] = {}
+    for i, g in enumerate(grads):
+        out.setdefault(g.dtype, []).append(i)
+    return out
+
+
+def _pick(seq, idx):
+    return [seq[i] for i in idx]
+
+
+# ---------------------------------------------------------------------------------------------
+# launchers
+# ---------------------------------------------------------------------------------------------
+def prepare(hyper: torch.Tensor) -> None:
+    """Advance every group's step and derived scalars (one launch)."""
+    optim_prepare_kernel[(hyper.shape[0],)](hyper, HYPER_SLOTS=HYPER_SLOTS)
+
+
+def sgd_step(hyper: torch.Tensor, params, grads, momentum_buffers, group_ids, *, has_momentum: bool,
+             nesterov: bool) -> None:
+    """In-place SGD update of ``params`` (contiguous) from ``grads``; buffers fp32 like params (or None)."""
+    prepare(hyper)
+    bufs = momentum_buffers if has_momentum else [None] * len(params)
+    for dtype, idx in _by_dtype(grads).items():
+        table, chunks, n = tensor_table(_pick(params, idx), _pick(grads, idx), _pick(bufs, idx), [None] * len(idx),
+                                        _pick(group_ids, idx))
+        if n:
+            sgd_kernel[(n,)](table, chunks, hyper, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype],
+                             HAS_MOMENTUM=has_momentum, NESTEROV=nesterov, BLOCK=BLOCK)
+
+
+def adam_step(hyper: torch.Tensor, params, grads, exp_avgs, exp_avg_sqs, group_ids, *, decoupled: bool) -> None:
+    """In-place Adam (decoupled=False) or AdamW update; exp_avgs/exp_avg_sqs fp32 like params."""
+    prepare(hyper)
+    for dtype, idx in _by_dtype(grads).items():
+        table, chunks, n = tensor_table(_pick(params, idx), _pick(grads, idx), _pick(exp_avgs, idx),
+                                        _pick(exp_avg_sqs, idx), _pick(group_ids, idx))
+        if n:
+            adam_kernel[(n,)](table, chunks, hyper, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype],
+                              DECOUPLED=decoupled, BLOCK=BLOCK)
+
+
+def clip_grad_norm_(norm_out: torch.Tensor, grads, max_norm: float, inf_norm: bool, eps: float = 1e-6) -> torch.Tensor:
+    """Total norm of ``grads`` into norm_out (fp32, 1 element); grads scaled in place by min(max_norm/(norm+eps), 1)."""
+    groups = _by_dtype(grads)
+    tables = {dt: tensor_table([None] * len(idx), _pick(grads, idx), [None] * len(idx), [None] * len(idx),
+                               [0] * len(idx)) for dt, idx in groups.items()}
+    total = sum(n for _, _, n in tables.values())
+    partial = torch.empty(max(total, 1), dtype=torch.float32, device=norm_out.device)
+    if total == 0:
+        partial.fill_(0.0)
+    start = 0
+    for dt, (table, chunks, n) in tables.items():
+        if n:
+            grad_norm_partial_kernel[(n,)](table, chunks, partial[start:], DTYPE=_TL_DTYPES[dt], INF_NORM=inf_norm,
+                                           BLOCK=BLOCK)
+        start += n
+    coef = torch.empty(1, dtype=torch.float32, device=norm_out.device)
+    grad_norm_finish_kernel[(1,)](partial, max(total, 1), norm_out, coef, float(max_norm), float(eps),
+                                  INF_NORM=inf_norm, BLOCK=1024)
+    for dt, (table, chunks, n) in tables.items():
+        if n:
+            scale_grads_kernel[(n,)](table, chunks, coef, DTYPE=_TL_DTYPES[dt], BLOCK=BLOCK)
+    return norm_out
