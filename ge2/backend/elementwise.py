@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ge2.backend.registry import ALL_DTYPES, FLOAT_DTYPES, INT_DTYPES, defop, register
-from ge2.backend.schema import Schema, TensorArg, broadcast_shapes
+from ge2.backend.schema import Schema, TensorArg, broadcast_shapes, shape_str
 from ge2.kernels import activations, elementwise as K
 
 NUMERIC = FLOAT_DTYPES + INT_DTYPES
@@ -18,6 +18,10 @@ def _broadcastable(op: str, *operands, **_attrs) -> None:
     names = ("a", "b", "c")
     tensors = [(n, x) for n, x in zip(names, operands) if isinstance(x, torch.Tensor)]
     broadcast_shapes(op, [n for n, _ in tensors], [tuple(x.shape) for _, x in tensors])
+    for n, x in zip(names, operands):
+        # Integer scalars travel as int64 kernel arguments (exact integer math needs all the bits).
+        if isinstance(x, int) and not -(2**63) <= x < 2**63:
+            raise ValueError(f"{op}: scalar {n} = {x} does not fit in int64")
 
 
 def _binary_schema(dtypes) -> Schema:
@@ -38,7 +42,10 @@ for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
 def _check_binary_backward(op: str, gy, a, b, *, op_name: str, need_a: bool = True, need_b: bool = True) -> None:
     if op_name not in K.BINARY_OPS:
         raise ValueError(f"{op}: op_name must be one of {tuple(K.BINARY_OPS)}, got {op_name!r}")
-    _broadcastable(op, a, b)
+    tensors = [(n, x) for n, x in (("a", a), ("b", b)) if isinstance(x, torch.Tensor)]
+    shape = broadcast_shapes(op, [n for n, _ in tensors], [tuple(x.shape) for _, x in tensors])
+    if tensors and tuple(gy.shape) != shape:
+        raise ValueError(f"{op}: gy has shape {shape_str(gy.shape)} but a and b broadcast to {shape_str(shape)}")
 
 
 # (ga, gb): the gradients of a (op) b w.r.t. a and b, summed back to their shapes (None for a scalar
@@ -59,6 +66,9 @@ for _name in K.UNARY_OPS:
 def _check_unary_backward(op: str, gy, x, y, *, op_name: str) -> None:
     if op_name not in K.UNARY_OPS:
         raise ValueError(f"{op}: op_name must be one of {tuple(K.UNARY_OPS)}, got {op_name!r}")
+    needed = {"exp": ("y", y), "sqrt": ("y", y), "log": ("x", x), "abs": ("x", x)}.get(op_name)
+    if needed is not None and needed[1] is None:
+        raise ValueError(f"{op}: the {op_name} gradient needs {needed[0]}, got None")
     for name, t in (("x", x), ("y", y)):
         if t is not None and tuple(t.shape) != tuple(gy.shape):
             raise ValueError(f"{op}: {name} has shape {list(t.shape)} but gy has {list(gy.shape)}")

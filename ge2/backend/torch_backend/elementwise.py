@@ -15,11 +15,26 @@ _BINARY = {
 }
 
 
+_SWAPPED = {"add": "add", "mul": "mul", "eq": "eq", "ne": "ne", "lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}
+
+
 def _binary(op):
     def impl(a, b):
-        if not isinstance(a, torch.Tensor):  # torch.add(2.0, t) is not accepted; keep the scalar's role
-            a = torch.tensor(a, dtype=result_dtype(a, b) if op not in ("eq", "ne", "lt", "le", "gt", "ge") else b.dtype, device=b.device)
-        return _BINARY[op](a, b).contiguous()
+        if isinstance(a, torch.Tensor):
+            return _BINARY[op](a, b).contiguous()
+        # A scalar on the left: torch takes a Python scalar only on the right (where it stays in
+        # opmath precision), so swap where the op allows; else compute as torch's GPU kernels do:
+        # the scalar in opmath (fp32, fp64 for fp64), b cast to the result dtype, one rounding.
+        if op in _SWAPPED:
+            return _BINARY[_SWAPPED[op]](b, a).contiguous()
+        if op == "pow":
+            return torch.pow(a, b).contiguous()
+        dt = result_dtype(a, b)
+        if op == "div" and not dt.is_floating_point:
+            dt = torch.get_default_dtype()
+        opmath = torch.float64 if dt == torch.float64 else torch.float32 if dt.is_floating_point else dt
+        out = _BINARY[op](torch.tensor(a, dtype=opmath, device=b.device), b.to(dt).to(opmath))
+        return out.to(dt).contiguous()
     return impl
 
 
@@ -28,12 +43,6 @@ for _op in ("add", "sub", "mul", "div"):
 register("pow", "torch")(_binary("pow"))
 for _op in ("eq", "ne", "lt", "le", "gt", "ge"):
     register(_op, "torch", dtypes=ALL_DTYPES)(_binary(_op))
-
-
-def _sum_to(g: torch.Tensor, shape) -> torch.Tensor:
-    lead = g.dim() - len(shape)
-    dims = tuple(range(lead)) + tuple(i + lead for i, s in enumerate(shape) if s == 1 and g.shape[i + lead] != 1)
-    return (g.sum(dims, keepdim=True) if dims else g).reshape(shape) if g.shape != torch.Size(shape) else g
 
 
 @register("binary_backward", "torch")
