@@ -106,7 +106,7 @@ def act_grad_from_z(z, ACT: tl.constexpr, alpha):
     elif ACT == 4:
         # 0.5 * (1 + tanh(u)) = sigmoid(2u) and 1 - tanh(u)^2 = 4 s (1 - s): no cancellation
         # where tanh(u) -> -1 (z < -1), which made the textbook form ~3x less accurate than torch.
-        k = 0.7978845608028654
+        k: tl.constexpr = 0.7978845608028654  # constexpr: a plain local would be an fp32 scalar, inexact for fp64
         u2 = 2.0 * k * (z + 0.044715 * z * z * z)
         s = sigmoid(u2)
         return s + 2.0 * z * s * sigmoid(-u2) * k * (1.0 + 0.134145 * z * z)
