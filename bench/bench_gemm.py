@@ -39,19 +39,26 @@ DTYPES = {  # name -> (torch dtype, fp32 precision)
     "bf16": (torch.bfloat16, "ieee"),
     "fp16": (torch.float16, "ieee"),
     "tf32": (torch.float32, "tf32"),
+    "tf32-trunc": (torch.float32, "tf32"),  # operands truncated by the tensor cores, not rounded
     "ieee": (torch.float32, "ieee"),
 }
 TORCH_ACT = {"relu": F.relu, "gelu": F.gelu}
 
 
 def _best_config() -> str:
-    cfg = getattr(gemm_kernels.gemm_epilogue_kernel, "best_config", None)
-    return str(cfg).replace(", ", " ") if cfg is not None else "-"
+    """The config the last forward ran with (TMA kernel if it took that path)."""
+    names = ("gemm_tma_kernel", "gemm_epilogue_kernel") if gemm_kernels.USE_TMA else ("gemm_epilogue_kernel",)
+    for name in names:
+        cfg = getattr(getattr(gemm_kernels, name), "best_config", None)
+        if cfg is not None:
+            return f"{name.split('_')[1]}: {cfg}".replace(", ", " ")
+    return "-"
 
 
 def bench_shape(bench: Bench, M: int, N: int, K: int, act: str, dtype_name: str, *, mode: str,
-                compile_: bool, backward: bool) -> None:
+                compile_: bool, backward: bool, variants: bool = False) -> None:
     dtype, precision = DTYPES[dtype_name]
+    gemm_kernels.ROUND_TF32 = dtype_name != "tf32-trunc"
     ge2.set_matmul_precision(precision)
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     dev = "cuda"
@@ -72,8 +79,18 @@ def bench_shape(bench: Bench, M: int, N: int, K: int, act: str, dtype_name: str,
     def lt(x=x, w=w, b=b):
         return torch._addmm_activation(b, x, w.t(), use_gelu=act == "gelu")
 
+    def ge2_pointer_kernel():  # the non-TMA kernel, for comparison
+        gemm_kernels.USE_TMA = False
+        try:
+            return ge2_fwd()
+        finally:
+            gemm_kernels.USE_TMA = True
+
     compiled = torch.compile(eager) if compile_ else None
     fns = {"ge2": ge2_fwd, "mm": lambda: torch.mm(x, w.t()), "eager": eager, "lt": lt}
+    if mode == "kernel" and variants:
+        ge2_pointer_kernel()
+        fns["ge2_ptr"] = ge2_pointer_kernel
     if compiled is not None:
         fns["compile"] = compiled
     if mode == "end2end":  # host tensors in, host tensor out: the copies are part of the time
@@ -82,8 +99,9 @@ def bench_shape(bench: Bench, M: int, N: int, K: int, act: str, dtype_name: str,
                               b_h.to(dev, non_blocking=True)).cpu()
         fns = {k: end2end(fn) for k, fn in fns.items() if k != "mm"}
     ge2_fwd()  # tune first, so that the config column names the one timed
+    config = _best_config()
     row = bench.add({**labels, "pass": "fwd"}, flops=2.0 * M * N * K, **fns)
-    row["config"] = _best_config()
+    row["config"] = config
 
     if backward and mode == "kernel":
         gy = torch.randn(M, N, device=dev, dtype=dtype)
@@ -109,6 +127,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default="bf16,fp16,tf32,ieee")
     parser.add_argument("--sweep-dtypes", default="bf16,tf32")
     parser.add_argument("--compile", action="store_true", help="add a torch.compile column (slow to build)")
+    parser.add_argument("--variants", action="store_true", help="add a column for the non-TMA kernel")
     parser.add_argument("--name", default=None, help="JSON name under bench/results/ (default gemm_<mode>)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -121,7 +140,7 @@ def main() -> None:
                 if dtype_name == "ieee" and M * N * K > 4096 ** 3:
                     continue  # the FMA path: two shapes say enough, at a fraction of the time
                 bench_shape(bench, M, N, K, act, dtype_name, mode=args.mode, compile_=args.compile,
-                            backward=True)
+                            backward=dtype_name != "tf32-trunc", variants=args.variants)
     if args.shapes in ("sweep", "all"):
         for dtype_name in args.sweep_dtypes.split(","):
             for M, N, K, act in SWEEP_SHAPES:

@@ -57,6 +57,7 @@ class Bench:
     def __init__(self, name: str, *, warmup_ms: int = 25, rep_ms: int = 100):
         self.name, self.warmup_ms, self.rep_ms = name, warmup_ms, rep_ms
         self.rows: list[dict[str, Any]] = []
+        self.extra: dict[str, Any] = {}
 
     def add(self, labels: dict[str, Any], *, flops: float | None = None, **fns: Callable[[], Any] | None) -> dict:
         """Time each function in ``fns`` (ms); None entries are recorded as missing. Returns the row."""
@@ -78,6 +79,7 @@ class Bench:
                 row[f"ratio_{key}"] = ms / base
         self.rows.append(row)
         print(self._format_row(row), flush=True)
+        self.save()  # after every row: a run cut short by its time limit still leaves its numbers
         return row
 
     @staticmethod
@@ -113,14 +115,20 @@ class Bench:
             return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
         return str(value)
 
-    def report(self, **extra: Any) -> Path:
-        """Print the table and write the JSON (environment + rows + ``extra``); returns its path."""
-        print(self.table(), flush=True)
+    def save(self, **extra: Any) -> Path:
+        """Write bench/results/<name>.json (environment + ``extra`` + rows); also to $OUT if set."""
+        self.extra.update(extra)
         RESULTS_DIR.mkdir(parents=True, exist_ok=True)
         path = RESULTS_DIR / f"{self.name}.json"
-        path.write_text(json.dumps({"name": self.name, **environment(), **extra, "rows": self.rows}, indent=1))
-        out = os.environ.get("OUT")  # on the device machine, also hand the file back
+        path.write_text(json.dumps({"name": self.name, **environment(), **self.extra, "rows": self.rows}, indent=1))
+        out = os.environ.get("OUT")  # on the device machine, hand the file back too
         if out:
             Path(out, path.name).write_text(path.read_text())
+        return path
+
+    def report(self, **extra: Any) -> Path:
+        """Print the table and write the JSON; returns its path."""
+        print(self.table(), flush=True)
+        path = self.save(**extra)
         print(f"wrote {path}")
         return path

@@ -276,6 +276,37 @@ def test_precision_modes(dtype, precision):
     assert_matches(y, y64, y_torch, name=f"y {dtype} {precision}")
 
 
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("dtype,precision", [(torch.bfloat16, "ieee"), (torch.float32, "tf32")])
+def test_layouts_forward_backward(dtype, precision, trans_a, trans_b):
+    """Every operand layout at a size that takes the GPU's tuned paths (TMA: 16-byte rows)."""
+    M, N, K = (1000, 520, 776) if LARGE else (37, 29, 45)
+    a = _operand(M, K, trans_a, dtype=dtype, seed=21)
+    b = _operand(K, N, trans_b, dtype=dtype, seed=22)
+    c, bias = randn(M, N, dtype=dtype, seed=23), _bias("per_m", M, N, dtype, seed=24)
+    attrs = dict(trans_a=trans_a, trans_b=trans_b, alpha=0.5, beta=0.25, bias_kind="per_m", act="gelu",
+                 act_alpha=0.01)
+    old = ge2.set_matmul_precision(precision)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:
+        y, z = call("gemm", a, b, c, bias, save_z=True, **attrs)
+        gy = randn(M, N, dtype=dtype, seed=25)
+        grads = call("gemm_backward", gy, a, b, z, has_c=True, **attrs)
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+        y_torch, _ = _reference(a, b, c, bias, **attrs)
+        with ge2.use_backend("torch"):
+            grads_torch = call("gemm_backward", gy, a, b, z, has_c=True, **attrs)
+    finally:
+        ge2.set_matmul_precision(old)
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    y64, _ = _reference(a, b, c, bias, dtype=torch.float64, **attrs)
+    assert_matches(y, y64, y_torch, name="y")
+    with ge2.use_backend("torch"):
+        exact = call("gemm_backward", gy.double(), a.double(), b.double(), z.double(), has_c=True, **attrs)
+    for label, g, want, theirs in zip(("da", "db", "dbias", "dc"), grads, exact, grads_torch):
+        assert_matches(g, want, theirs, name=label)
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input: a clear error naming the op and the argument
 # ---------------------------------------------------------------------------------------------

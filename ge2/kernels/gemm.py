@@ -66,6 +66,9 @@ CONFIGS_FP32 = [
     _cfg(64, 128, 32, 4, 4),
     _cfg(64, 64, 32, 4, 4),
 ]
+# tf32: round operands to nearest before the tensor cores (cuBLAS's numerics); the bench turns
+# this off once to measure what the rounding costs.
+ROUND_TF32 = True
 # Problems under this many multiply-adds are launch-bound: one small config, no tuning.
 SMALL_PROBLEM = 1 << 24
 SMALL_CONFIG = _cfg(64, 64, 32, 4, 3)
@@ -87,8 +90,18 @@ def _even_k(args) -> bool:
 
 
 @triton.jit
+def _round_to_tf32(x):
+    # Round to nearest (ties away), as cuBLAS does. Fed raw fp32 bits, the tensor cores truncate
+    # to tf32 instead: a bias of -2**-11 per operand that doubled the error of a tf32 GEMM
+    # relative to cuBLAS's (7.7e-4 vs 2.9e-4 at K=1283, measured on the H100).
+    return tl.inline_asm_elementwise("cvt.rna.tf32.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
 def _tile_dot(acc, a_ptrs, b_ptrs, K, stride_ak, stride_bk,
-              BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+              BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+              ROUND_TF32: tl.constexpr):
     """acc += A[BLOCK_M, K] @ B[K, BLOCK_N], walking K in BLOCK_K steps."""
     offs_k = tl.arange(0, BLOCK_K)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
@@ -102,10 +115,48 @@ def _tile_dot(acc, a_ptrs, b_ptrs, K, stride_ak, stride_bk,
         if UPCAST:  # the interpreter cannot do 16-bit arithmetic; exact products either way
             a = a.to(tl.float32)
             b = b.to(tl.float32)
+        if ROUND_TF32:
+            a = _round_to_tf32(a)
+            b = _round_to_tf32(b)
         acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=acc.dtype)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     return acc
+
+
+@triton.jit
+def _tile_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of tile number ``tile`` in grouped order: GROUP_M row-tiles share each
+    column-tile of B while it is hot in L2."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pids_in_group = GROUP_M * num_pid_n
+    first_m = (tile // pids_in_group) * GROUP_M
+    group_rows = min(num_pid_m - first_m, GROUP_M)
+    return first_m + ((tile % pids_in_group) % group_rows), (tile % pids_in_group) // group_rows
+
+
+@triton.jit
+def _epilogue(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn, bias_ptr, stride_bias,
+              y_ptr, z_ptr, stride_ym, stride_yn, alpha, beta, act_alpha,
+              HAS_C: tl.constexpr, BIAS_KIND: tl.constexpr, ACT: tl.constexpr, SAVE_Z: tl.constexpr):
+    """Z = alpha*acc + beta*C + bias, Y = act(Z), in the accumulator's precision; store Y (and Z)."""
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    z = acc * alpha
+    if HAS_C:
+        c = tl.load(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, mask=mask, other=0.0)
+        z += beta * c.to(acc.dtype)
+    if BIAS_KIND == 1:
+        z += tl.load(bias_ptr).to(acc.dtype)
+    elif BIAS_KIND == 2:
+        z += tl.load(bias_ptr + offs_m * stride_bias, mask=offs_m < M, other=0.0).to(acc.dtype)[:, None]
+    elif BIAS_KIND == 3:
+        z += tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0).to(acc.dtype)[None, :]
+    y_offs = offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn
+    if SAVE_Z:
+        tl.store(z_ptr + y_offs, z.to(z_ptr.dtype.element_ty), mask=mask)
+    y = act_fwd(z, ACT, act_alpha)
+    tl.store(y_ptr + y_offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @runtime.autotune(
@@ -126,7 +177,8 @@ def gemm_epilogue_kernel(
     stride_bias,
     alpha, beta, act_alpha,
     HAS_C: tl.constexpr, BIAS_KIND: tl.constexpr, ACT: tl.constexpr, SAVE_Z: tl.constexpr,
-    REDUCE_BATCH: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC_DTYPE: tl.constexpr,
+    REDUCE_BATCH: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND_TF32: tl.constexpr,
+    ACC_DTYPE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
 ):
@@ -137,15 +189,7 @@ def gemm_epilogue_kernel(
     """
     pid = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)  # batch offsets can pass 2**31 elements
-    # Grouped order: GROUP_M row-tiles share each column-tile of B while it is hot in L2.
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    pids_in_group = GROUP_M * num_pid_n
-    first_m = (pid // pids_in_group) * GROUP_M
-    group_rows = min(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + ((pid % pids_in_group) % group_rows)
-    pid_n = (pid % pids_in_group) // group_rows
-
+    pid_m, pid_n = _tile_coords(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -161,31 +205,128 @@ def gemm_epilogue_kernel(
         a_batch, b_batch = a_ptr, b_ptr  # 64-bit pointers step through the batch: no index overflow
         for _ in range(0, B):
             acc = _tile_dot(acc, a_batch + a_tile, b_batch + b_tile, K, stride_ak, stride_bk,
-                            BLOCK_K, EVEN_K, PRECISION, UPCAST)
+                            BLOCK_K, EVEN_K, PRECISION, UPCAST, ROUND_TF32)
             a_batch += stride_ab
             b_batch += stride_bb
     else:
         acc = _tile_dot(acc, a_ptr + pid_b * stride_ab + a_tile, b_ptr + pid_b * stride_bb + b_tile,
-                        K, stride_ak, stride_bk, BLOCK_K, EVEN_K, PRECISION, UPCAST)
+                        K, stride_ak, stride_bk, BLOCK_K, EVEN_K, PRECISION, UPCAST, ROUND_TF32)
 
-    # Epilogue, in the accumulator's precision.
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    z = acc * alpha
-    if HAS_C:
-        c = tl.load(c_ptr + pid_b * stride_cb + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
-                    mask=mask, other=0.0)
-        z += beta * c.to(acc.dtype)
-    if BIAS_KIND == 1:
-        z += tl.load(bias_ptr).to(acc.dtype)
-    elif BIAS_KIND == 2:
-        z += tl.load(bias_ptr + offs_m * stride_bias, mask=offs_m < M, other=0.0).to(acc.dtype)[:, None]
-    elif BIAS_KIND == 3:
-        z += tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0).to(acc.dtype)[None, :]
-    y_offs = pid_b * stride_yb + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn
-    if SAVE_Z:
-        tl.store(z_ptr + y_offs, z.to(z_ptr.dtype.element_ty), mask=mask)
-    y = act_fwd(z, ACT, act_alpha)
-    tl.store(y_ptr + y_offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    _epilogue(acc, offs_m, offs_n, M, N, c_ptr + pid_b * stride_cb, stride_cm, stride_cn, bias_ptr, stride_bias,
+              y_ptr + pid_b * stride_yb, z_ptr + pid_b * stride_yb, stride_ym, stride_yn, alpha, beta, act_alpha,
+              HAS_C, BIAS_KIND, ACT, SAVE_Z)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hopper variant: persistent, operands through TMA tensor descriptors
+# ---------------------------------------------------------------------------------------------
+# One program per SM walks the tiles (no tail wave, the next tile's loads overlap this tile's
+# epilogue); the copy engine fetches A/B tiles into shared memory (zero-filled past the edges,
+# so no masks and no address arithmetic in the main loop). Used for 2-D problems whose operands
+# each have a unit stride (any of the 4 K-major / MN-major combinations) and 16-byte aligned rows.
+USE_TMA = True
+
+
+def _tma_block_shapes(nargs) -> None:
+    bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+    nargs["a_desc"].block_shape = [bm, bk] if nargs["A_KMAJOR"] else [bk, bm]
+    nargs["b_desc"].block_shape = [bn, bk] if nargs["B_KMAJOR"] else [bk, bn]
+
+
+def _tma_cfg(bm, bn, bk, warps, stages, group_m=8) -> triton.Config:
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m},
+                         num_warps=warps, num_stages=stages, pre_hook=_tma_block_shapes)
+
+
+TMA_CONFIGS_16BIT = [
+    _tma_cfg(128, 256, 64, 8, 3),
+    _tma_cfg(128, 256, 64, 8, 4),
+    _tma_cfg(128, 128, 64, 8, 4),
+    _tma_cfg(128, 128, 64, 4, 4),
+    _tma_cfg(64, 128, 64, 4, 4),
+]
+TMA_CONFIGS_FP32 = [
+    _tma_cfg(128, 256, 32, 8, 3),
+    _tma_cfg(128, 128, 32, 8, 4),
+    _tma_cfg(128, 128, 32, 4, 4),
+    _tma_cfg(64, 128, 32, 4, 4),
+]
+
+
+def _prune_tma(configs, named_args, **_kwargs):
+    wide = named_args["OPERAND_BYTES"] <= 2
+    keep = [c for c in configs if (c in TMA_CONFIGS_16BIT) == wide]
+    # Small problems: tiles that leave SMs idle lose to smaller ones; let only those compete.
+    M, N = named_args["M"], named_args["N"]
+    fills = [c for c in keep if triton.cdiv(M, c.kwargs["BLOCK_M"]) * triton.cdiv(N, c.kwargs["BLOCK_N"])
+             >= named_args["NUM_SMS"] // 2]
+    return fills or keep[-2:]
+
+
+@runtime.autotune(
+    TMA_CONFIGS_16BIT + TMA_CONFIGS_FP32,
+    key=["M", "N", "K", "A_KMAJOR", "B_KMAJOR"],
+    default=2,
+    prune_configs_by={"early_config_prune": _prune_tma},
+)
+@triton.jit
+def gemm_tma_kernel(
+    a_desc, b_desc, c_ptr, bias_ptr, y_ptr, z_ptr,
+    M, N, K,
+    stride_cm, stride_cn, stride_ym, stride_yn, stride_bias,
+    alpha, beta, act_alpha,
+    HAS_C: tl.constexpr, BIAS_KIND: tl.constexpr, ACT: tl.constexpr, SAVE_Z: tl.constexpr,
+    A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, OPERAND_BYTES: tl.constexpr,
+    PRECISION: tl.constexpr, ROUND_TF32: tl.constexpr, NUM_SMS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """The same Y = act(alpha * A @ B + beta * C + bias) as gemm_epilogue_kernel; grid = (SMs,)."""
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True):
+        pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        m0 = pid_m * BLOCK_M
+        n0 = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            k0 = ki * BLOCK_K
+            a = a_desc.load([m0, k0]) if A_KMAJOR else a_desc.load([k0, m0]).T
+            b = b_desc.load([n0, k0]).T if B_KMAJOR else b_desc.load([k0, n0])
+            if ROUND_TF32:
+                a = _round_to_tf32(a)
+                b = _round_to_tf32(b)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        _epilogue(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn, bias_ptr, stride_bias,
+                  y_ptr, z_ptr, stride_ym, stride_yn, alpha, beta, act_alpha, HAS_C, BIAS_KIND, ACT, SAVE_Z)
+
+
+_NUM_SMS: dict[int, int] = {}
+
+
+def _tma_descriptors(a_view, b_view):
+    """(a_desc, b_desc, a_kmajor, b_kmajor) when the TMA kernel can take these operands, else None."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    a, (sab, sam, sak), batch, M, K = a_view
+    b, (sbb, sbk, sbn), _, _, N = b_view
+    if batch != 1 or a.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return None
+    size = a.element_size()
+    descs = []
+    for t, rows, cols, s_row, s_col, k_last in ((a, M, K, sam, sak, True), (b, N, K, sbn, sbk, True)):
+        # K-major: [rows, K] with unit stride along K; else [K, rows] with unit stride along rows.
+        if s_col == 1 and (s_row * size) % 16 == 0 and (K * size) % 16 == 0:
+            descs.append((TensorDescriptor(t, [rows, K], [s_row, 1], [16, 16]), True))
+        elif s_row == 1 and (s_col * size) % 16 == 0 and (rows * size) % 16 == 0:
+            descs.append((TensorDescriptor(t, [K, rows], [s_col, 1], [16, 16]), False))
+        else:
+            return None
+        if t.data_ptr() % 16:
+            return None
+    (a_desc, a_kmajor), (b_desc, b_kmajor) = descs
+    return a_desc, b_desc, a_kmajor, b_kmajor
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -212,6 +353,27 @@ def _launch(a_view, b_view, y, *, z=None, c=None, bias=None, bias_kind=0, act=0,
     b, (sbb, sbk, sbn), _, _, N = b_view
     if y.numel() == 0:
         return
+    precision = _precision(a.dtype)
+    round_tf32 = ROUND_TF32 and precision == "tf32" and not runtime.is_interpreter()
+    tma = (_tma_descriptors(a_view, b_view) if USE_TMA and not reduce_batch and not runtime.is_interpreter()
+           and M * N * K >= SMALL_PROBLEM and torch.cuda.get_device_capability(a.device)[0] >= 9 else None)
+    if tma is not None:
+        a_desc, b_desc, a_kmajor, b_kmajor = tma
+        if a.device.index not in _NUM_SMS:
+            _NUM_SMS[a.device.index] = torch.cuda.get_device_properties(a.device).multi_processor_count
+        num_sms = _NUM_SMS[a.device.index]
+        grid = lambda meta: (min(num_sms, triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
+        gemm_tma_kernel[grid](
+            a_desc, b_desc, c if c is not None else y, bias if bias is not None else y, y, z if z is not None else y,
+            M, N, K,
+            c.stride(-2) if c is not None else 0, c.stride(-1) if c is not None else 0, y.stride(-2), y.stride(-1),
+            bias.stride(0) if bias is not None and bias.dim() == 1 else 0,
+            float(alpha), float(beta), float(act_alpha),
+            HAS_C=c is not None, BIAS_KIND=bias_kind, ACT=act, SAVE_Z=z is not None,
+            A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, OPERAND_BYTES=a.element_size(),
+            PRECISION=precision, ROUND_TF32=round_tf32, NUM_SMS=num_sms,
+        )
+        return
     ys = (y.stride(0) if y.dim() == 3 else 0, y.stride(-2), y.stride(-1))
     cs = (c.stride(0) if c.dim() == 3 else 0, c.stride(-2), c.stride(-1)) if c is not None else (0, 0, 0)
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),
@@ -223,8 +385,9 @@ def _launch(a_view, b_view, y, *, z=None, c=None, bias=None, bias_kind=0, act=0,
         bias.stride(0) if bias is not None and bias.dim() == 1 else 0,
         float(alpha), float(beta), float(act_alpha),
         HAS_C=c is not None, BIAS_KIND=bias_kind, ACT=act, SAVE_Z=z is not None,
-        REDUCE_BATCH=reduce_batch, PRECISION=_precision(a.dtype),
+        REDUCE_BATCH=reduce_batch, PRECISION=precision,
         UPCAST=runtime.is_interpreter() and a.element_size() <= 2,
+        ROUND_TF32=round_tf32,
         ACC_DTYPE=tl.float64 if a.dtype == torch.float64 else tl.float32,
     )
 
