@@ -304,3 +304,12 @@ def test_linear_cross_entropy_errors():
         call("linear_cross_entropy", x, randn(7, 5), None, t, reduction="none")
     with pytest.raises(ValueError, match="linear_cross_entropy: 1 target value"):
         call("linear_cross_entropy", x, randn(7, 5), None, torch.tensor([0, 1, 7, 2], device=DEVICE))
+
+
+def test_autotune_pruning_keeps_a_config_for_both_kernel_families():
+    from ge2.kernels.softmax import num_warps_configs, prune_by_elements_per_thread
+
+    for meta in ({"BLOCK_M": 1, "BLOCK_N": 32768}, {"BLOCK_M": 4, "BLOCK_C": 512}, {"BLOCK_M": 256, "BLOCK_C": 8}):
+        kept = prune_by_elements_per_thread(num_warps_configs(), {}, **meta)
+        tile = meta["BLOCK_M"] * meta.get("BLOCK_N", meta.get("BLOCK_C"))
+        assert kept and all(tile // (32 * c.num_warps) <= 64 for c in kept), (meta, kept)

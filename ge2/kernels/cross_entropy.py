@@ -32,7 +32,8 @@ from ge2.kernels.softmax import num_warps_configs, prune_by_elements_per_thread,
 from ge2.runtime import autotune
 
 MAX_FUSED_C = 32768  # longest class row kept in registers
-ONLINE_BLOCK_C = 4096
+# The online path's (programs per SM, BLOCK_C, num_warps); bench/bench_softmax_ce.py sweeps it.
+ONLINE_CONFIG = (2, 8192, 16)
 TILE_ELEMENTS = 2048
 STATS_BLOCK = 1024
 
@@ -144,8 +145,24 @@ def cross_entropy_fwd_bwd_online_kernel(
     HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, MEAN: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
-    """One long row per program: sweep 1 keeps running (max, sum) per lane, sweep 2 writes dx."""
-    row = tl.program_id(0)
+    """Long rows, a persistent grid: per row, sweep 1 keeps running (max, sum) per lane, sweep 2 writes dx.
+
+    Few programs, one row each at a time, keep the rows in flight few enough that sweep 2 can
+    find its row still in L2 (bf16 rows of 128K classes: ~130 rows x 250 KB < the 50 MB L2).
+    """
+    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        _cross_entropy_online_row(x_ptr, t_ptr, w_ptr, stats_ptr, loss_ptr, g_ptr, row, n_rows, C, inner,
+                                  sx_o, sx_i, sx_c, st_o, st_i, sg_o, sg_i, sg_c, ignore_index, label_smoothing,
+                                  HAS_WEIGHT, SMOOTH, MEAN, COMPUTE_GRAD, BLOCK_C)
+
+
+@triton.jit
+def _cross_entropy_online_row(
+    x_ptr, t_ptr, w_ptr, stats_ptr, loss_ptr, g_ptr, row, n_rows, C, inner,
+    sx_o, sx_i, sx_c, st_o, st_i, sg_o, sg_i, sg_c, ignore_index, label_smoothing,
+    HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, MEAN: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     t, valid, bad, w_t = _row_target(t_ptr, row, n_rows, inner, st_o, st_i, C, ignore_index, w_ptr, HAS_WEIGHT)
     x_base = row_offsets(row, inner, sx_o, sx_i)
     g_base = row_offsets(row, inner, sg_o, sg_i)
@@ -300,7 +317,7 @@ def _class_rows(logits: torch.Tensor):
 def cross_entropy_rows(
     x: torch.Tensor, target: torch.Tensor, stats: torch.Tensor, row_loss: torch.Tensor, grad: torch.Tensor | None, *,
     weight: torch.Tensor | None = None, ignore_index: int = -100, label_smoothing: float = 0.0, mean: bool = True,
-    max_fused_c: int = MAX_FUSED_C,
+    max_fused_c: int = MAX_FUSED_C, online_config: tuple[int, int, int] | None = None,
 ) -> None:
     """The fused pass: row losses (unnormalised) into ``row_loss`` and, if ``grad`` is given, dx for gy = 1.
 
@@ -321,14 +338,26 @@ def cross_entropy_rows(
         block_m = min(max(1, TILE_ELEMENTS // block_c), triton.next_power_of_2(n_rows))
         cross_entropy_fwd_bwd_kernel[(triton.cdiv(n_rows, block_m),)](*args, **meta, BLOCK_M=block_m, BLOCK_C=block_c)
     else:
-        cross_entropy_fwd_bwd_online_kernel[(n_rows,)](*args, **meta, BLOCK_C=min(ONLINE_BLOCK_C, max_fused_c),
-                                                       num_warps=8)
+        programs_per_sm, block_c, num_warps = online_config or ONLINE_CONFIG
+        grid = min(n_rows, _num_sms(x.device) * programs_per_sm) if x.is_cuda else n_rows
+        cross_entropy_fwd_bwd_online_kernel[(grid,)](*args, **meta, BLOCK_C=min(block_c, max_fused_c),
+                                                     num_warps=num_warps)
+
+
+def _num_sms(device: torch.device) -> int:
+    if device not in _SMS:
+        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[device]
+
+
+_SMS: dict[torch.device, int] = {}
 
 
 def cross_entropy_fwd_bwd(
     logits: torch.Tensor, target: torch.Tensor, *, weight: torch.Tensor | None = None, ignore_index: int = -100,
     reduction: str = "mean", label_smoothing: float = 0.0, compute_grad: bool = True, inplace: bool = False,
     check_targets: bool | None = None, max_fused_c: int = MAX_FUSED_C,
+    online_config: tuple[int, int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(loss, dlogits for gy = 1): loss 0-d ('mean'/'sum') or [N, d...] ('none') in logits' dtype.
 
@@ -344,7 +373,8 @@ def cross_entropy_fwd_bwd(
         # In place only into the caller's own buffer (not into a contiguous copy row_view made).
         grad = x if inplace and x.data_ptr() == logits.data_ptr() else torch.empty_like(x)
     cross_entropy_rows(x, target, stats, row_loss, grad, weight=weight, ignore_index=ignore_index,
-                       label_smoothing=label_smoothing, mean=reduction == "mean", max_fused_c=max_fused_c)
+                       label_smoothing=label_smoothing, mean=reduction == "mean", max_fused_c=max_fused_c,
+                       online_config=online_config)
     if reduction == "none":
         loss = row_loss
     else:

@@ -37,7 +37,7 @@ def prune_by_elements_per_thread(configs, named_args, **kwargs):
     """Keep the num_warps that give each thread 8..64 elements of the BLOCK_M x BLOCK_N tile."""
     # Far fewer than 8 elements per thread wastes threads; far more than 64 spills registers.
     meta = {**named_args, **kwargs}
-    tile = meta.get("BLOCK_M", 1) * meta["BLOCK_N"]
+    tile = meta.get("BLOCK_M", 1) * (meta["BLOCK_N"] if "BLOCK_N" in meta else meta["BLOCK_C"])
     kept = [c for c in configs if 8 <= tile // (32 * c.num_warps) <= 64]
     if kept:
         return kept
