@@ -62,7 +62,7 @@ def embedding(idx: torch.Tensor, weight: torch.Tensor, check: bool = True) -> to
     bad = torch.zeros(1, dtype=torch.int32, device=weight.device)
     grid = lambda meta: (triton.cdiv(n, BLOCK_I), triton.cdiv(D, meta["BLOCK_D"]))  # noqa: E731
     embedding_fwd_kernel[grid](flat, weight, y, bad, n, V, D, weight.stride(0), weight.stride(1), BLOCK_I=BLOCK_I)
-    if check and not torch.cuda.is_current_stream_capturing():
+    if check and not (weight.is_cuda and torch.cuda.is_current_stream_capturing()):
         count = int(bad.item())
         if count:
             raise ValueError(f"embedding: {count} index(es) out of range for a table of {V} rows "

@@ -1,0 +1,3 @@
+"""Datasets and the DataLoader."""
+from ge2.data.dataset import DataLoader, Dataset, TensorDataset  # noqa: F401
+from ge2.data import datasets  # noqa: F401
