@@ -81,3 +81,7 @@ float = float32  # noqa: A001
 half = float16
 double = float64
 long = int64
+
+from ge2 import nn, optim  # noqa: F401,E402
+from ge2 import data  # noqa: F401,E402
+from ge2.serialization import load, save  # noqa: F401,E402

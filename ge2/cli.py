@@ -1,4 +1,4 @@
-"""The ``ge2`` command: ``ge2 demo`` trains the built-in example."""
+"""The ``ge2`` command: ``ge2 demo`` trains the built-in example; ``ge2 train`` trains on a real dataset."""
 from __future__ import annotations
 
 import argparse
@@ -11,11 +11,21 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="train a tiny MLP on two spirals from ge2's core ops")
     demo.add_argument("--steps", type=int, default=150)
     demo.add_argument("--seed", type=int, default=0)
+    from ge2 import train as train_module
+
+    train = sub.add_parser("train", help="train a classifier on a bundled dataset (digits): logs, curves")
+    train_module.add_arguments(train)
     args = parser.parse_args(argv)
     if args.command == "demo":
         from ge2 import demo as demo_module
 
         demo_module.main(steps=args.steps, seed=args.seed)
+    elif args.command == "train":
+        try:
+            train_module.run(args)
+        except (NotImplementedError, ImportError) as e:
+            print(f"ge2 train: {e}", file=sys.stderr)
+            return 2
     return 0
 
 
