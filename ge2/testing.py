@@ -24,6 +24,7 @@ MEMORY_OPS = frozenset({
     "transpose", "t", "unsqueeze", "squeeze", "select", "slice", "narrow", "alias", "detach",
     "split", "split_with_sizes", "unbind", "chunk", "unfold", "diagonal", "view_as", "expand_as",
     "numpy_T", "movedim", "_local_scalar_dense", "is_same_size", "_has_compatible_shallow_copy_type",
+    "promote_types", "result_type",  # dtype computations on metadata, not on data
     # copies and fills
     "copy_", "_to_copy", "clone", "contiguous", "_copy_from", "_copy_from_and_resize", "fill_",
     "zero_", "set_", "resize_", "to",
