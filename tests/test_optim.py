@@ -1,0 +1,159 @@
+"""ge2.optim: after k steps on the same gradients, parameters match torch.optim; schedules; state."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ge2
+import ge2.nn as nn
+from ge2.kernels import optim as K
+from ge2.optim import lr_scheduler as S
+from numerics import DEVICE, randn
+
+SHAPES = [(5, 3), (7,), (1,), (33, 40)]  # odd sizes; one crosses the 1024-element chunk boundary
+
+
+def _pair(shapes=SHAPES):
+    ps = [randn(*s, seed=10 + i) for i, s in enumerate(shapes)]
+    return [nn.Parameter(p.clone()) for p in ps], [p.clone().requires_grad_() for p in ps]
+
+
+def _run(g_opt, t_opt, gp, tp, steps, shapes=SHAPES, on_step=None):
+    for k in range(steps):
+        for i, (g, t, s) in enumerate(zip(gp, tp, shapes)):
+            grad = randn(*s, seed=100 * k + i)
+            g.grad, t.grad = ge2.from_torch(grad.clone()), grad.clone()
+        g_opt.step()
+        t_opt.step()
+        if on_step:
+            on_step(k)
+
+
+def _assert_close(gp, tp, what):
+    for i, (g, t) in enumerate(zip(gp, tp)):
+        # same formula and order of operations in fp32: a few ulps after a few steps
+        assert torch.allclose(g.data, t.detach(), rtol=1e-5, atol=1e-6), \
+            f"{what}: param {i} differs by {(g.data - t.detach()).abs().max().item():.3e}"
+
+
+OPTIONS = [
+    ("SGD", dict(lr=0.1)),
+    ("SGD", dict(lr=0.1, weight_decay=0.05)),
+    ("SGD", dict(lr=0.05, momentum=0.9)),
+    ("SGD", dict(lr=0.05, momentum=0.9, dampening=0.3, weight_decay=0.01)),
+    ("SGD", dict(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.01)),
+    ("Adam", dict(lr=0.01)),
+    ("Adam", dict(lr=0.02, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1)),
+    ("AdamW", dict(lr=0.01)),
+    ("AdamW", dict(lr=0.02, betas=(0.85, 0.99), weight_decay=0.3)),
+]
+
+
+@pytest.mark.parametrize("name, kwargs", OPTIONS, ids=[f"{n}-{k}" for n, k in OPTIONS])
+def test_matches_torch_optim_after_k_steps(name, kwargs):
+    gp, tp = _pair()
+    g_opt, t_opt = getattr(ge2.optim, name)(gp, **kwargs), getattr(torch.optim, name)(tp, **kwargs)
+    _run(g_opt, t_opt, gp, tp, steps=5)
+    _assert_close(gp, tp, f"{name} {kwargs}")
+    assert g_opt.step_count == 5
+
+
+def test_one_launch_per_step_for_all_parameters(monkeypatch):
+    gp, tp = _pair()
+    opt = ge2.optim.AdamW(gp, lr=0.01)
+    launches = []
+    real = K.adam_kernel.__getitem__
+    monkeypatch.setattr(type(K.adam_kernel), "__getitem__", lambda self, grid: (launches.append(grid), real(grid))[1])
+    for p in gp:
+        p.grad = ge2.from_torch(torch.ones_like(p.data))
+    opt.step()
+    assert len(launches) == 1  # four parameters, one fused update launch
+
+
+def test_lr_change_mid_run_and_param_groups_match_torch():
+    gp, tp = _pair()
+    g_opt = ge2.optim.Adam([{"params": gp[:2]}, {"params": gp[2:], "lr": 0.05, "betas": (0.5, 0.9)}], lr=0.01)
+    t_opt = torch.optim.Adam([{"params": tp[:2]}, {"params": tp[2:], "lr": 0.05, "betas": (0.5, 0.9)}], lr=0.01)
+
+    def change(k):
+        if k == 1:
+            g_opt.param_groups[0]["lr"] = t_opt.param_groups[0]["lr"] = 0.003
+            g_opt.param_groups[1]["weight_decay"] = t_opt.param_groups[1]["weight_decay"] = 0.2
+
+    _run(g_opt, t_opt, gp, tp, steps=4, on_step=change)
+    _assert_close(gp, tp, "Adam groups")
+
+
+@pytest.mark.parametrize("make, make_t", [
+    (lambda o: S.StepLR(o, step_size=2, gamma=0.5), lambda o: torch.optim.lr_scheduler.StepLR(o, 2, 0.5)),
+    (lambda o: S.CosineAnnealingLR(o, T_max=5, eta_min=0.001),
+     lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 5, 0.001)),
+    (lambda o: S.LinearLR(o, start_factor=0.1, total_iters=3),
+     lambda o: torch.optim.lr_scheduler.LinearLR(o, start_factor=0.1, total_iters=3)),
+], ids=["StepLR", "CosineAnnealingLR", "LinearLR"])
+def test_schedulers_match_torch_and_write_the_device_lr(make, make_t):
+    gp, tp = _pair()
+    g_opt, t_opt = ge2.optim.SGD(gp, lr=0.1, momentum=0.9), torch.optim.SGD(tp, lr=0.1, momentum=0.9)
+    g_s, t_s = make(g_opt), make_t(t_opt)
+
+    def sched(k):
+        g_s.step()
+        t_s.step()
+        assert g_s.get_last_lr()[0] == pytest.approx(t_s.get_last_lr()[0], rel=1e-12)
+        assert g_opt._hyper[0, K.LR].item() == pytest.approx(t_s.get_last_lr()[0], rel=1e-12)
+
+    _run(g_opt, t_opt, gp, tp, steps=6, on_step=sched)
+    _assert_close(gp, tp, "scheduled SGD")
+
+
+def test_state_dict_round_trip_continues_identically(tmp_path):
+    gp, _ = _pair()
+    opt = ge2.optim.AdamW(gp, lr=0.01)
+    for k in range(2):
+        for i, p in enumerate(gp):
+            p.grad = ge2.from_torch(randn(*p.shape, seed=k * 10 + i))
+        opt.step()
+    ge2.save({"params": [p.detach() for p in gp], "opt": opt.state_dict()}, tmp_path / "o.ckpt")
+    ckpt = ge2.load(tmp_path / "o.ckpt")
+    gp2 = [nn.Parameter(t) for t in ckpt["params"]]
+    opt2 = ge2.optim.AdamW(gp2, lr=0.5)  # wrong lr on purpose: the state dict restores it
+    opt2.load_state_dict(ckpt["opt"])
+    assert opt2.param_groups[0]["lr"] == 0.01 and opt2.step_count == 2
+    for params, o in ((gp, opt), (gp2, opt2)):
+        for i, p in enumerate(params):
+            p.grad = ge2.from_torch(randn(*p.shape, seed=99 + i))
+        o.step()
+    for a, b in zip(gp, gp2):
+        assert torch.equal(a.data, b.data)
+
+
+def test_zero_grad_and_skipped_parameters():
+    gp, _ = _pair()
+    opt = ge2.optim.SGD(gp, lr=0.1)
+    before = [p.data.clone() for p in gp]
+    gp[0].grad = ge2.from_torch(torch.ones_like(gp[0].data))
+    opt.step()  # only gp[0] has a gradient; the others are left alone, like torch
+    assert not torch.equal(gp[0].data, before[0])
+    assert all(torch.equal(p.data, b) for p, b in zip(gp[1:], before[1:]))
+    opt.zero_grad(set_to_none=False)
+    assert torch.count_nonzero(gp[0].grad.data) == 0
+    opt.zero_grad()
+    assert gp[0].grad is None
+
+
+def test_optimizer_errors():
+    p = nn.Parameter(torch.zeros(2, device=DEVICE))
+    with pytest.raises(ValueError, match="empty parameter list"):
+        ge2.optim.SGD([], lr=0.1)
+    with pytest.raises(ValueError, match="nesterov needs momentum > 0"):
+        ge2.optim.SGD([p], lr=0.1, nesterov=True)
+    with pytest.raises(ValueError, match="lr must be a finite non-negative number"):
+        ge2.optim.AdamW([p], lr=-1.0)
+    with pytest.raises(ValueError, match="betas must be two numbers"):
+        ge2.optim.Adam([p], betas=(0.9, 1.5))
+    with pytest.raises(ValueError, match="more than one group"):
+        ge2.optim.SGD([{"params": [p]}, {"params": [p]}], lr=0.1)
+    with pytest.raises(ValueError, match="adam_step: grads\\[0\\] is \\[3\\] float32 but params\\[0\\] is \\[2\\]"):
+        ge2.backend.call("adam_step", torch.zeros(1, K.HYPER_SLOTS, dtype=torch.float64, device=DEVICE),
+                         params=[p.data], grads=[torch.zeros(3, device=DEVICE)], exp_avgs=[p.data],
+                         exp_avg_sqs=[p.data], group_ids=[0], decoupled=True)
