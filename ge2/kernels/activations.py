@@ -50,7 +50,10 @@ def expm1(x):
     # to a few ulps with only exp and log (libdevice's expm1 is unavailable in the interpreter).
     u = tl.exp(x)
     d = u - 1.0
-    r = d * x / tl.log(u)
+    # The special cases (u == 1, 0, inf) are replaced below; feeding log a harmless 2 there
+    # keeps 0/0 and log(0) out of the arithmetic.
+    special = (d == 0.0) | (d == -1.0) | (u == float("inf"))
+    r = d * x / tl.log(tl.where(special, 2.0, u))
     r = tl.where(d == 0.0, x, r)
     r = tl.where(d == -1.0, -1.0, r)
     return tl.where(u == float("inf"), float("inf"), r)
