@@ -26,6 +26,12 @@ ALL_COMBOS = list(itertools.product(ACTIVATIONS, BIAS_KINDS, (False, True), (Fal
 # dominates, and n shards in parallel processes cover the set n times faster.
 _shard, _shards = (int(v) for v in os.environ.get("GE2_TEST_SHARD", "0/1").split("/"))
 COMBOS = [c for j, c in enumerate(ALL_COMBOS) if j % _shards == _shard]
+_next_test = itertools.count()
+
+
+def sharded(test):
+    """Run this (non-combination) test in one shard only, round-robin over the tests."""
+    return pytest.mark.skipif(next(_next_test) % _shards != _shard, reason=f"in another shard of {_shards}")(test)
 
 
 def _operand(rows: int, cols: int, trans: bool, *, dtype=torch.float32, noncontig=False, seed=None, batch=None):
@@ -90,6 +96,7 @@ def test_forward_every_combination(act, bias_kind, trans_a, trans_b):
         assert z is None  # act' comes from Y: no Z stash
 
 
+@sharded
 def test_forward_batched_broadcast_and_strided():
     B, M, N, K = 3, 9, 6, 13
     a = randn(B, M, K, noncontig=True, seed=1)
@@ -106,6 +113,7 @@ def test_forward_batched_broadcast_and_strided():
     assert_matches(z, z64, name="z")
 
 
+@sharded
 def test_forward_matches_torch_backend():
     a, b, c, bias, attrs = _case(3, "gelu", "per_m", True, False)
     y, z = call("gemm", a, b, c, bias, save_z=True, **attrs)
@@ -114,6 +122,7 @@ def test_forward_matches_torch_backend():
     assert rel_error(y, yt) <= 2e-6 and rel_error(z, zt) <= 2e-6
 
 
+@sharded
 def test_beta_zero_ignores_c():
     a, b = randn(5, 4, seed=1), randn(4, 3, seed=2)
     c = torch.full((5, 3), float("nan"), device=DEVICE)
@@ -121,6 +130,7 @@ def test_beta_zero_ignores_c():
     assert torch.isfinite(y).all()
 
 
+@sharded
 def test_out_dtype():
     a, b = randn(7, 5, dtype=torch.bfloat16, seed=1), randn(5, 3, dtype=torch.bfloat16, seed=2)
     y, _ = call("gemm", a, b, out_dtype=torch.float32)
@@ -187,6 +197,7 @@ def test_backward_every_combination(act, bias_kind, trans_a, trans_b):
     _check_backward(a, b, c, bias, attrs, seed=4000 + i, noncontig_gy=i % 3 == 0, name=f"[{act},{bias_kind}]")
 
 
+@sharded
 @pytest.mark.parametrize("broadcast", ["a", "b"])
 def test_backward_batched_broadcast(broadcast):
     B, M, N, K = 3, 7, 5, 9
@@ -210,6 +221,7 @@ def test_backward_batched_broadcast(broadcast):
     assert_matches(dbias, gbias, tbias, name="dbias")
 
 
+@sharded
 def test_backward_matches_torch_backend_and_is_deterministic():
     M, N, K = (2048, 1536, 512) if LARGE else (70, 90, 20)
     a, b, bias = randn(M, K, seed=1), randn(K, N, seed=2), randn(N, seed=3)
@@ -225,6 +237,7 @@ def test_backward_matches_torch_backend_and_is_deterministic():
         assert rel_error(x, w) <= 1e-5, label
 
 
+@sharded
 def test_backward_need_flags_and_scalar_bias_total():
     a, b, bias = randn(6, 4, seed=1), randn(4, 5, seed=2), randn(1, seed=3)
     gy = randn(6, 5, seed=4)
@@ -240,6 +253,7 @@ def test_backward_need_flags_and_scalar_bias_total():
     ((randn(4, 5), randn(4, 3), randn(3, 5), randn(4, 4)), {"act": "silu"}, "z has shape [4, 4]"),
     ((randn(4, 5), randn(4, 3), randn(2, 5)), {}, "inner dimensions differ"),
 ])
+@sharded
 def test_backward_bad_input(args, attrs, message):
     with pytest.raises(ValueError) as info:
         call("gemm_backward", *args, **attrs)
@@ -253,6 +267,7 @@ PRECISION_CASES = [(torch.float32, "ieee"), (torch.float32, "tf32"), (torch.floa
                    (torch.bfloat16, "ieee"), (torch.float16, "ieee")]
 
 
+@sharded
 @pytest.mark.parametrize("dtype,precision", PRECISION_CASES)
 def test_precision_modes(dtype, precision):
     M, N, K = (1031, 771, 1283) if LARGE else (37, 29, 45)
@@ -276,6 +291,7 @@ def test_precision_modes(dtype, precision):
     assert_matches(y, y64, y_torch, name=f"y {dtype} {precision}")
 
 
+@sharded
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (False, True), (True, False), (True, True)])
 @pytest.mark.parametrize("dtype,precision", [(torch.bfloat16, "ieee"), (torch.float32, "tf32")])
 def test_layouts_forward_backward(dtype, precision, trans_a, trans_b):
@@ -333,6 +349,7 @@ def _bad_inputs():
     ]
 
 
+@sharded
 @pytest.mark.parametrize("inputs,attrs,error,message", _bad_inputs())
 def test_bad_input(inputs, attrs, error, message):
     with pytest.raises(error) as info:

@@ -244,22 +244,24 @@ TMA_CONFIGS_16BIT = [
     _tma_cfg(128, 128, 64, 8, 4),
     _tma_cfg(128, 128, 64, 4, 4),
     _tma_cfg(64, 128, 64, 4, 4),
+    _tma_cfg(64, 64, 64, 4, 4),
 ]
 TMA_CONFIGS_FP32 = [
     _tma_cfg(128, 256, 32, 8, 3),
     _tma_cfg(128, 128, 32, 8, 4),
     _tma_cfg(128, 128, 32, 4, 4),
     _tma_cfg(64, 128, 32, 4, 4),
+    _tma_cfg(64, 64, 32, 4, 4),
 ]
 
 
-def _prune_tma(configs, named_args, **_kwargs):
-    wide = named_args["OPERAND_BYTES"] <= 2
+def _prune_tma(configs, named_args, **kwargs):
+    args = {**named_args, **kwargs}  # constexprs passed by keyword arrive in kwargs
+    wide = args["OPERAND_BYTES"] <= 2
     keep = [c for c in configs if (c in TMA_CONFIGS_16BIT) == wide]
     # Small problems: tiles that leave SMs idle lose to smaller ones; let only those compete.
-    M, N = named_args["M"], named_args["N"]
-    fills = [c for c in keep if triton.cdiv(M, c.kwargs["BLOCK_M"]) * triton.cdiv(N, c.kwargs["BLOCK_N"])
-             >= named_args["NUM_SMS"] // 2]
+    fills = [c for c in keep if triton.cdiv(args["M"], c.kwargs["BLOCK_M"]) * triton.cdiv(args["N"], c.kwargs["BLOCK_N"])
+             >= args["NUM_SMS"] // 2]
     return fills or keep[-2:]
 
 
