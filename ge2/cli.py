@@ -1,4 +1,4 @@
-"""The ``ge2`` command: ``ge2 demo`` trains the built-in example; ``ge2 train`` trains on a real dataset."""
+"""The ``ge2`` command: ``demo`` (core-ops example), ``train`` (a real dataset), ``autotune`` (persist configs)."""
 from __future__ import annotations
 
 import argparse
@@ -15,11 +15,21 @@ def main(argv: list[str] | None = None) -> int:
 
     train = sub.add_parser("train", help="train a classifier on a bundled dataset (digits): logs, curves")
     train_module.add_arguments(train)
+    from ge2 import autotune as autotune_module
+
+    autotune = sub.add_parser("autotune", help="tune kernel configs for shapes or a model and persist them (GPU)")
+    autotune_module.add_arguments(autotune)
     args = parser.parse_args(argv)
     if args.command == "demo":
         from ge2 import demo as demo_module
 
         demo_module.main(steps=args.steps, seed=args.seed)
+    elif args.command == "autotune":
+        try:
+            autotune_module.run(args)
+        except ValueError as e:
+            print(f"ge2 autotune: {e}", file=sys.stderr)
+            return 2
     elif args.command == "train":
         try:
             train_module.run(args)

@@ -128,6 +128,8 @@ class TuningStore:
 
 
 _stores: dict[str, TuningStore] = {}
+ALL_TUNERS: list["PersistentAutotuner"] = []  # every autotuned ge2 kernel, for reports
+FORCE_RETUNE = False  # `ge2 autotune` sets it: benchmark even where the store has an entry
 
 
 def store() -> TuningStore:
@@ -149,6 +151,7 @@ class PersistentAutotuner(Autotuner):
         self.name = f"{self.base_fn.__module__}.{self.base_fn.__name__}"
         self.tuned_keys: list[tuple] = []  # shapes benchmarked in this process (for tests, `ge2 autotune`)
         self.stored_hits = 0
+        ALL_TUNERS.append(self)
 
     def _key(self, args, kwargs) -> tuple:
         # The same key triton's Autotuner.run builds (key args, then every tensor arg's dtype).
@@ -167,7 +170,7 @@ class PersistentAutotuner(Autotuner):
             return super().run(*args, **kwargs)
         key = self._key(args, kwargs)
         fresh = key not in self.cache
-        if fresh:
+        if fresh and not FORCE_RETUNE:
             entry = store().lookup(self.store_key(key), self.space)
             if entry is not None:
                 match = [c for c in self.configs if config_to_dict(c) == entry["config"]]

@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 from ge2 import tuning
 
@@ -129,3 +130,40 @@ def test_write_is_atomic(tmp_path, monkeypatch):
         store.record("k2", {"config": {}, "space": "s", "triton": "x"})
     assert (tmp_path / "gpu.json").read_text() == before  # the old file is intact
     assert os.listdir(tmp_path) == ["gpu.json"]  # and no temp file is left behind
+
+
+def test_autotune_command_arguments():
+    from ge2 import autotune
+
+    assert autotune.parse_shape("gemm", "512x784x1024") == (512, 784, 1024)
+    with pytest.raises(ValueError, match="--shapes for gemm are 3 positive sizes"):
+        autotune.parse_shape("gemm", "512x784")
+    with pytest.raises(ValueError, match="softmax"):
+        autotune.parse_shape("softmax", "0x5")
+
+
+GPU_SECOND_PROCESS = textwrap.dedent("""
+    import json, torch, ge2
+    from ge2 import backend, tuning
+    x, w, b = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16), \\
+        torch.randn(384, 512, device="cuda", dtype=torch.bfloat16), torch.randn(384, device="cuda", dtype=torch.bfloat16)
+    backend.call("gemm", x, w, None, b, trans_b=True, bias_kind="per_n", act="relu")
+    print(json.dumps({"tuned": sum(len(t.tuned_keys) for t in tuning.ALL_TUNERS),
+                      "hits": sum(t.stored_hits for t in tuning.ALL_TUNERS)}))
+""")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="tuning needs a CUDA GPU")
+def test_autotune_command_persists_for_the_next_process(tmp_path):
+    env = {**os.environ, "GE2_CACHE_DIR": str(tmp_path), "PYTHONPATH": ROOT}
+    proc = subprocess.run([sys.executable, "-m", "ge2", "autotune", "--op", "gemm", "--dtype", "bf16",
+                           "--shapes", "256x384x512", "--no-progress"], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "gemm" in proc.stdout and "x default" in proc.stdout
+    assert len(json.loads(cache_file(tmp_path).read_text())["entries"]) >= 1
+    second = subprocess.run([sys.executable, "-c", GPU_SECOND_PROCESS], env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    counts = json.loads(second.stdout.strip().splitlines()[-1])
+    assert counts["tuned"] == 0 and counts["hits"] >= 1
