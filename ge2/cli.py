@@ -19,11 +19,21 @@ def main(argv: list[str] | None = None) -> int:
 
     autotune = sub.add_parser("autotune", help="tune kernel configs for shapes or a model and persist them (GPU)")
     autotune_module.add_arguments(autotune)
+    bench = sub.add_parser("bench", help="run the bench/ suite of a ge2 checkout (GPU) and summarise it")
+    bench.add_argument("--summary", action="store_true", help="only summarise bench/results/*.json")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from ge2 import demo as demo_module
 
         demo_module.main(steps=args.steps, seed=args.seed)
+    elif args.command == "bench":
+        import os
+        import subprocess
+
+        if not os.path.isfile(os.path.join("bench", "__main__.py")):
+            print("ge2 bench: run it from a ge2 checkout (the bench/ folder is not installed)", file=sys.stderr)
+            return 2
+        return subprocess.run([sys.executable, "-m", "bench"] + (["--summary"] if args.summary else [])).returncode
     elif args.command == "autotune":
         try:
             autotune_module.run(args)
