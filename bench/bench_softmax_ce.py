@@ -135,18 +135,17 @@ def bench_cross_entropy(bench: Bench, shapes, dtypes) -> None:
         torch.cuda.empty_cache()
 
 
-def sweep_online_cross_entropy(bench: Bench, N: int, C: int, dtypes) -> None:
-    """The long-row CE path's (programs per SM, BLOCK_C, num_warps): which keeps sweep 2 in L2."""
+def compare_recompute_exp(bench: Bench, N: int, C: int, dtypes) -> None:
+    """The in-register CE kernel keeping exp(x - max) live vs recomputing it for the gradient."""
     from ge2.kernels import cross_entropy as K
 
-    configs = [(1, 16384, 32), (2, 8192, 16), (4, 4096, 8), (8, 4096, 8), (64, 4096, 8)]
     for dtype in dtypes:
         x = torch.randn(N, C, device="cuda", dtype=dtype)
         t = torch.randint(0, C, (N,), device="cuda")
-        for cfg in configs:
-            fn = lambda cfg=cfg: K.cross_entropy_fwd_bwd(x, t, check_targets=False, online_config=cfg)  # noqa: E731
-            row = bench.add({"case": "ce_online_sweep", "shape": f"{N}x{C}", "dtype": str(dtype)[6:],
-                             "config": "x".join(map(str, cfg))}, ge2=fn)
+        for recompute in (False, True):
+            fn = lambda r=recompute: K.cross_entropy_fwd_bwd(x, t, check_targets=False, recompute_exp=r)  # noqa: E731
+            row = bench.add({"case": "ce_recompute_exp", "shape": f"{N}x{C}", "dtype": str(dtype)[6:],
+                             "config": f"recompute_exp={recompute}"}, ge2=fn)
             row["ge2_graph_ms"] = _graph_ms(fn)
         del x, t
         torch.cuda.empty_cache()
@@ -202,7 +201,7 @@ def main() -> None:
     bench_softmax(bench, [(1024, 1024)] if quick else [(4096, 4096), (8192, 32768)], dtypes)
     bench_cross_entropy(bench, [(1024, 4096)] if quick else [(8192, 32768), (4096, 128256)], dtypes)
     if not quick:
-        sweep_online_cross_entropy(bench, 4096, 128256, dtypes)
+        compare_recompute_exp(bench, 8192, 32768, dtypes)
     if not args.skip_lce:
         bench_linear_cross_entropy(bench, *((512, 256, 8192) if quick else (8192, 4096, 128256)), torch.bfloat16)
     bench.report(targets={

@@ -220,6 +220,17 @@ def _check_linear_cross_entropy(op: str, x, weight, bias, target, *, ignore_inde
         raise ValueError(f"{op}: chunk_rows must be a positive int, got {chunk_rows!r}")
 
 
+def _default_chunk_rows(n: int, row_bytes: int) -> int:
+    """About LCE_CHUNK_BYTES of logits per chunk, preferring a size that divides n (no short last chunk)."""
+    target = max(128, LCE_CHUNK_BYTES // max(1, row_bytes) // 128 * 128)
+    if n <= target:
+        return n
+    for rows in range(target, target // 2, -128):
+        if n % rows == 0:
+            return rows
+    return target
+
+
 defop("linear_cross_entropy", Schema((
     TensorArg("x", (torch.float16, torch.bfloat16, torch.float32), ndim=(2,)),
     TensorArg("weight", (torch.float16, torch.bfloat16, torch.float32), ndim=(2,)),
@@ -250,7 +261,7 @@ def linear_cross_entropy(x, weight, bias, target, *, ignore_index=-100, reductio
     dw = torch.empty_like(weight) if need_weight else None
     db = torch.empty(V, dtype=torch.float32, device=x.device) if need_bias else None
     any_grad = need_x or need_weight or need_bias
-    rows = chunk_rows or max(128, LCE_CHUNK_BYTES // max(1, V * x.element_size()) // 128 * 128)
+    rows = chunk_rows or _default_chunk_rows(N, V * x.element_size())
     for n0 in range(0, N, rows):
         xc, tc = x[n0:n0 + rows], target[n0:n0 + rows]
         logits, _ = call("gemm", xc, weight, bias=bias, trans_b=not transposed_weight,
@@ -261,10 +272,17 @@ def linear_cross_entropy(x, weight, bias, target, *, ignore_index=-100, reductio
             dxc, _ = call("gemm", logits, weight, trans_b=transposed_weight)
             dx[n0:n0 + rows].copy_(dxc)
         if need_weight:
-            # dW += dlogits^T @ x_c ([V, H]) or x_c^T @ dlogits ([H, V]), accumulated in place in dW.
-            a, b = (G._view(xc, True), G._view(logits, False)) if transposed_weight else \
-                (G._view(logits, True), G._view(xc, False))
-            G._launch(a, b, dw, c=dw if n0 else None, beta=1.0 if n0 else 0.0)
+            # dW += dlogits^T @ x_c ([V, H]) or x_c^T @ dlogits ([H, V]). In place (C and Y both dW)
+            # only for chunks of the first chunk's size: the GEMM autotuner times its configs by
+            # running them, which an aliased C += ... would repeat; the first chunk (beta = 0, no C)
+            # has tuned that shape. A last, shorter chunk goes through a fresh output.
+            a, b = (xc, logits) if transposed_weight else (logits, xc)
+            if n0 == 0:
+                G._launch(G._view(a, True), G._view(b, False), dw)
+            elif xc.shape[0] == rows:
+                G._launch(G._view(a, True), G._view(b, False), dw, c=dw, beta=1.0)
+            else:
+                dw, _ = call("gemm", a, b, c=dw, trans_a=True, beta=1.0)
         if need_bias:
             CE.column_sums_(logits, db, accumulate=n0 > 0)
     loss = sum_to_scalar(row_loss, x.dtype, denom=stats if reduction == "mean" else None)

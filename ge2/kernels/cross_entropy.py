@@ -33,7 +33,9 @@ from ge2.runtime import autotune
 
 MAX_FUSED_C = 32768  # longest class row kept in registers
 # The online path's (programs per SM, BLOCK_C, num_warps); bench/bench_softmax_ce.py sweeps it.
-ONLINE_CONFIG = (2, 8192, 16)
+# Measured on H100 at 4096 x 128256 (bench_softmax_ce.json, ce_online_sweep): (1, 16384, 32) was best in
+# both dtypes, by 1-9%; no config got sweep 2 out of L2 (all ran at ~3 passes over DRAM).
+ONLINE_CONFIG = (1, 16384, 32)
 TILE_ELEMENTS = 2048
 STATS_BLOCK = 1024
 
@@ -85,23 +87,30 @@ def _row_target(t_ptr, rows, n_rows, inner, st_o, st_i, C, ignore_index, w_ptr, 
     return t, valid, bad, w_t
 
 
-@autotune(num_warps_configs(), key=["BLOCK_M", "BLOCK_C", "HAS_WEIGHT", "SMOOTH", "COMPUTE_GRAD"], default=0,
+@autotune(num_warps_configs(), key=["BLOCK_M", "BLOCK_C", "HAS_WEIGHT", "SMOOTH", "COMPUTE_GRAD", "RECOMPUTE_EXP"],
+          default=0,
           prune_configs_by={"early_config_prune": prune_by_elements_per_thread}, restore_value=["x_ptr"])
 @triton.jit
 def cross_entropy_fwd_bwd_kernel(
     x_ptr, t_ptr, w_ptr, stats_ptr, loss_ptr, g_ptr, n_rows, C, inner,
     sx_o, sx_i, sx_c, st_o, st_i, sg_o, sg_i, sg_c, ignore_index, label_smoothing,
     HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, MEAN: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+    RECOMPUTE_EXP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """BLOCK_M rows in registers: the row loss (unnormalised) and dx for gy = 1 (may overwrite x)."""
+    """BLOCK_M rows in registers: the row loss (unnormalised) and dx for gy = 1 (may overwrite x).
+
+    RECOMPUTE_EXP: recompute exp(x - max) for the gradient from the loaded row instead of keeping
+    the exponentials live across the row reductions: one array of registers instead of two at
+    32K classes (exp is cheap next to the memory traffic).
+    """
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_C)
     col_ok = cols < C
     ok = (rows < n_rows)[:, None] & col_ok[None, :]
     t, valid, bad, w_t = _row_target(t_ptr, rows, n_rows, inner, st_o, st_i, C, ignore_index, w_ptr, HAS_WEIGHT)
-    x = tl.load(x_ptr + row_offsets(rows, inner, sx_o, sx_i)[:, None] + cols[None, :] * sx_c,
-                mask=ok, other=float("-inf")).to(tl.float32)
+    x_in = tl.load(x_ptr + row_offsets(rows, inner, sx_o, sx_i)[:, None] + cols[None, :] * sx_c,
+                   mask=ok, other=float("-inf"))
+    x = x_in.to(tl.float32)
     row_max = tl.max(x, 1)
     row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
     e = tl.exp(x - row_max[:, None])
@@ -127,10 +136,14 @@ def cross_entropy_fwd_bwd_kernel(
         if MEAN:
             inv_d = 1.0 / tl.load(stats_ptr)
         a = (1.0 - label_smoothing) * w_t * inv_d
-        g = a[:, None] * (e / row_sum[:, None] - tl.where(is_t, 1.0, 0.0))
+        if RECOMPUTE_EXP:
+            p = tl.exp(x_in.to(tl.float32) - row_max[:, None]) * (1.0 / row_sum)[:, None]
+        else:
+            p = e / row_sum[:, None]
+        g = a[:, None] * (p - tl.where(cols[None, :] == t[:, None], 1.0, 0.0))
         if SMOOTH:
             b = (label_smoothing / C) * inv_d
-            g += b * (w_sum * e / row_sum[:, None] - w_row)
+            g += b * (w_sum * p - w_row)
         # Ignored rows get exactly 0 (not 0 * NaN for a row of NaN logits); bad targets get NaN.
         g = tl.where(valid[:, None], g, 0.0)
         g = tl.where(bad[:, None], float("nan"), g)
@@ -317,7 +330,7 @@ def _class_rows(logits: torch.Tensor):
 def cross_entropy_rows(
     x: torch.Tensor, target: torch.Tensor, stats: torch.Tensor, row_loss: torch.Tensor, grad: torch.Tensor | None, *,
     weight: torch.Tensor | None = None, ignore_index: int = -100, label_smoothing: float = 0.0, mean: bool = True,
-    max_fused_c: int = MAX_FUSED_C, online_config: tuple[int, int, int] | None = None,
+    max_fused_c: int = MAX_FUSED_C, online_config: tuple[int, int, int] | None = None, recompute_exp: bool = True,
 ) -> None:
     """The fused pass: row losses (unnormalised) into ``row_loss`` and, if ``grad`` is given, dx for gy = 1.
 
@@ -336,7 +349,8 @@ def cross_entropy_rows(
     if C <= max_fused_c:
         block_c = triton.next_power_of_2(C)
         block_m = min(max(1, TILE_ELEMENTS // block_c), triton.next_power_of_2(n_rows))
-        cross_entropy_fwd_bwd_kernel[(triton.cdiv(n_rows, block_m),)](*args, **meta, BLOCK_M=block_m, BLOCK_C=block_c)
+        cross_entropy_fwd_bwd_kernel[(triton.cdiv(n_rows, block_m),)](*args, **meta, RECOMPUTE_EXP=recompute_exp,
+                                                                      BLOCK_M=block_m, BLOCK_C=block_c)
     else:
         programs_per_sm, block_c, num_warps = online_config or ONLINE_CONFIG
         grid = min(n_rows, _num_sms(x.device) * programs_per_sm) if x.is_cuda else n_rows
@@ -357,7 +371,7 @@ def cross_entropy_fwd_bwd(
     logits: torch.Tensor, target: torch.Tensor, *, weight: torch.Tensor | None = None, ignore_index: int = -100,
     reduction: str = "mean", label_smoothing: float = 0.0, compute_grad: bool = True, inplace: bool = False,
     check_targets: bool | None = None, max_fused_c: int = MAX_FUSED_C,
-    online_config: tuple[int, int, int] | None = None,
+    online_config: tuple[int, int, int] | None = None, recompute_exp: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(loss, dlogits for gy = 1): loss 0-d ('mean'/'sum') or [N, d...] ('none') in logits' dtype.
 
@@ -374,7 +388,7 @@ def cross_entropy_fwd_bwd(
         grad = x if inplace and x.data_ptr() == logits.data_ptr() else torch.empty_like(x)
     cross_entropy_rows(x, target, stats, row_loss, grad, weight=weight, ignore_index=ignore_index,
                        label_smoothing=label_smoothing, mean=reduction == "mean", max_fused_c=max_fused_c,
-                       online_config=online_config)
+                       online_config=online_config, recompute_exp=recompute_exp)
     if reduction == "none":
         loss = row_loss
     else:
