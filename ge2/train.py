@@ -25,7 +25,7 @@ import ge2.nn.functional as F
 from ge2.data import DataLoader, datasets
 from ge2.optim.lr_scheduler import CosineAnnealingLR
 
-DEFAULT_LR = {"adamw": 3e-3, "sgd": 0.1}
+DEFAULT_LR = {"adamw": 1e-2, "sgd": 0.1}
 
 
 class _Image(nn.Module):
@@ -199,7 +199,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", choices=("digits",), default="digits")
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=None, help="default: 3e-3 for adamw, 0.1 for sgd")
+    p.add_argument("--lr", type=float, default=None, help="default: 1e-2 for adamw, 0.1 for sgd")
     p.add_argument("--optimizer", choices=("sgd", "adamw"), default="adamw")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda if present, else cpu")
     p.add_argument("--backend", choices=("triton", "torch"), default="triton")
