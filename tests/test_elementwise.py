@@ -343,6 +343,15 @@ def test_large(dtype):
         assert_matches(g, r64, r)
 
 
+@pytest.mark.skipif(not LARGE, reason="large shapes run on the GPU")
+def test_int64_indexing_past_2_to_the_31():
+    # 2**31 + 7 bytes: linear indices and offsets no longer fit in int32.
+    x = torch.randint(0, 100, (2**31 + 7,), dtype=torch.uint8, device=DEVICE)
+    check("add", x, 3)
+    check("mul", x[:-1:2], x[1::2])  # stepped views: offsets past 2**31, indices not
+    assert call("sum", x).item() == oracle("sum", x).item()
+
+
 # ---------------------------------------------------------------------------------------------
 # schema errors
 # ---------------------------------------------------------------------------------------------

@@ -22,8 +22,8 @@ def _check_dim(op: str, x, *, dim: int, keepdim: bool = False) -> None:
 
 
 def _check_amax(op: str, x, *, dims=None, keepdim: bool = False) -> None:
-    d = normalize_dims(op, dims, x.dim())
-    if any(x.shape[i] == 0 for i in d) or x.numel() == 0 and not d:
+    d = normalize_dims(op, dims, x.dim()) or range(x.dim())  # () means all dims, like torch
+    if x.dim() > 0 and any(x.shape[i] == 0 for i in d):
         raise ValueError(f"{op}: cannot reduce an empty tensor of shape {list(x.shape)} (no identity)")
 
 

@@ -18,6 +18,7 @@ program per (rows, chunk), each writing a partial; a second launch reduces the p
 of additions depends only on the shape and the config, so results are deterministic (no atomics).
 """
 import builtins
+import functools
 import math
 
 import torch
@@ -64,8 +65,8 @@ _OUTER_CONFIGS = [
     triton.Config({"BLOCK_M": 256, "BLOCK_N": 8}, num_warps=8),
     triton.Config({"BLOCK_M": 256, "BLOCK_N": 16}, num_warps=8),
 ]
-# Under the interpreter (no tuning) a middle tile keeps both program and loop counts low.
-_INTERPRETER_CONFIG = triton.Config({"BLOCK_M": 16, "BLOCK_N": 128}, num_warps=4)
+# Under the interpreter (no tuning) large tiles keep the program and loop counts, its cost, low.
+_INTERPRETER_CONFIG = triton.Config({"BLOCK_M": 128, "BLOCK_N": 256}, num_warps=4)
 
 
 def _prune(configs, named_args, **kwargs):
@@ -159,10 +160,12 @@ def _reduce_kernel(
 # ---------------------------------------------------------------------------------------------
 # Launch plumbing
 # ---------------------------------------------------------------------------------------------
-def _target_programs() -> int:
-    if torch.cuda.is_available():
-        return 8 * torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return 64
+@functools.lru_cache(maxsize=None)
+def _target_programs(device_index: int | None) -> int:
+    """Programs that fill the GPU several times over (all SMs busy, tails short)."""
+    if device_index is None:  # the interpreter: parallelism buys nothing, but keep the path exercised
+        return 64
+    return 8 * torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _side(x: torch.Tensor, dims) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -188,14 +191,15 @@ def _launch(x, M, N, m_side, n_side, op, acc, out, index_out=None, index_in=None
     )
 
 
-def _splits(M: int, N: int, inner: bool) -> int:
+def _splits(M: int, N: int, inner: bool, device: torch.device) -> int:
     """How many column chunks to give each block of rows: enough programs to fill the GPU."""
-    rows_per_program = 1 if inner else 64
+    target = _target_programs(device.index if device.type == "cuda" else None)
+    rows_per_program = 1 if inner else 64  # roughly what the tuned configs of each family take
     row_programs = triton.cdiv(M, rows_per_program)
-    if row_programs >= _target_programs():
+    if row_programs >= target:
         return 1
     by_work = (rows_per_program * N) // SPLIT_MIN_ELEMENTS
-    return max(1, min(triton.cdiv(_target_programs(), row_programs), by_work))
+    return max(1, min(triton.cdiv(target, row_programs), by_work))
 
 
 def _reduce(name: str, op, x: torch.Tensor, dims, keepdim: bool, out_dtype: torch.dtype, mean: bool = False):
@@ -220,7 +224,7 @@ def _reduce(name: str, op, x: torch.Tensor, dims, keepdim: bool, out_dtype: torc
     acc = _ACC.get(x.dtype, torch.int64)
     if M > 0:
         inner = n_side[1][-1] == 1
-        split = _splits(M, N, inner)
+        split = _splits(M, N, inner, x.device)
         if split == 1:
             _launch(x, M, N, m_side, n_side, op, acc, out, index, mean_count=N if mean else None)
         else:
