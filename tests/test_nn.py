@@ -304,6 +304,16 @@ def test_dropout_is_reproducible_from_the_seed():
     assert torch.equal(nn.Dropout(1.0)(ge2.ones(10)).data, torch.zeros(10, device=DEVICE))
 
 
+def test_dropout_matches_the_philox_oracle_bit_for_bit():
+    x = randn(37, 29, noncontig=True)
+    state = torch.tensor([2 ** 40 + 12345, 2 ** 33 + 5], dtype=torch.int64, device=DEVICE)  # 64-bit seed, offset
+    y = ge2.backend.call("dropout", x, state, p=0.4)
+    with ge2.use_backend("torch"):
+        ref = ge2.backend.call("dropout", x, state, p=0.4)
+    assert torch.equal(y, ref)
+    assert 0.5 < (y != 0).float().mean().item() < 0.7
+
+
 # ---------------------------------------------------------------------------------------------
 # embedding
 # ---------------------------------------------------------------------------------------------
