@@ -135,14 +135,14 @@ def test_state_dict_strictness_errors_name_the_keys():
 
 def test_default_init_matches_torch_layers():
     torch.manual_seed(3)
-    t = torch.nn.Linear(7, 5)
+    t = torch.nn.Linear(7, 5, device=DEVICE)
     ge2.manual_seed(3)
-    g = nn.Linear(7, 5, device="cpu")
+    g = nn.Linear(7, 5)
     assert torch.equal(g.weight.data, t.weight.data) and torch.equal(g.bias.data, t.bias.data)
     torch.manual_seed(4)
-    te = torch.nn.Embedding(6, 3, padding_idx=2)
+    te = torch.nn.Embedding(6, 3, padding_idx=2, device=DEVICE)
     ge2.manual_seed(4)
-    ge_ = nn.Embedding(6, 3, padding_idx=2, device="cpu")
+    ge_ = nn.Embedding(6, 3, padding_idx=2)
     assert torch.equal(ge_.weight.data, te.weight.data)
 
 

@@ -12,16 +12,18 @@ import torch
 import triton
 import triton.language as tl
 
-from ge2.runtime import autotune
 
 BLOCK_I = 16
 
 
-def _configs() -> list[triton.Config]:
-    return [triton.Config({"BLOCK_D": bd}, num_warps=w) for bd in (64, 128, 256) for w in (2, 4)]
 
 
-@autotune(_configs(), key=["D"], default=2)
+def _block_d(D: int) -> int:
+    # Not autotuned: both kernels add into counters or gradients with atomics, and tuning re-runs
+    # a kernel to time it (each re-run would add again). Gathers are memory-bound anyway.
+    return min(triton.next_power_of_2(D), 256)
+
+
 @triton.jit
 def embedding_fwd_kernel(idx_ptr, w_ptr, y_ptr, bad_ptr, n_idx, V, D, stride_wv, stride_wd,
                          BLOCK_I: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -39,7 +41,6 @@ def embedding_fwd_kernel(idx_ptr, w_ptr, y_ptr, bad_ptr, n_idx, V, D, stride_wv,
         tl.atomic_add(bad_ptr, tl.sum(tl.where(live & ~valid, 1, 0), axis=0))
 
 
-@autotune(_configs(), key=["D"], default=2)
 @triton.jit
 def embedding_bwd_kernel(idx_ptr, gy_ptr, gw_ptr, n_idx, V, D, padding_idx,
                          BLOCK_I: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -60,8 +61,9 @@ def embedding(idx: torch.Tensor, weight: torch.Tensor, check: bool = True) -> to
     if n == 0 or D == 0:
         return y
     bad = torch.zeros(1, dtype=torch.int32, device=weight.device)
-    grid = lambda meta: (triton.cdiv(n, BLOCK_I), triton.cdiv(D, meta["BLOCK_D"]))  # noqa: E731
-    embedding_fwd_kernel[grid](flat, weight, y, bad, n, V, D, weight.stride(0), weight.stride(1), BLOCK_I=BLOCK_I)
+    bd = _block_d(D)
+    embedding_fwd_kernel[(triton.cdiv(n, BLOCK_I), triton.cdiv(D, bd))](
+        flat, weight, y, bad, n, V, D, weight.stride(0), weight.stride(1), BLOCK_I=BLOCK_I, BLOCK_D=bd, num_warps=4)
     if check and not (weight.is_cuda and torch.cuda.is_current_stream_capturing()):
         count = int(bad.item())
         if count:
@@ -79,6 +81,8 @@ def embedding_backward(gy: torch.Tensor, idx: torch.Tensor, V: int, padding_idx:
     gw = torch.zeros((V, D), dtype=torch.float32, device=gy.device)
     n = flat.numel()
     if n and D:
-        grid = lambda meta: (triton.cdiv(n, BLOCK_I), triton.cdiv(D, meta["BLOCK_D"]))  # noqa: E731
-        embedding_bwd_kernel[grid](flat, g2, gw, n, V, D, -1 if padding_idx is None else padding_idx, BLOCK_I=BLOCK_I)
+        bd = _block_d(D)
+        embedding_bwd_kernel[(triton.cdiv(n, BLOCK_I), triton.cdiv(D, bd))](
+            flat, g2, gw, n, V, D, -1 if padding_idx is None else padding_idx, BLOCK_I=BLOCK_I, BLOCK_D=bd,
+            num_warps=4)
     return gw if dtype == torch.float32 else gw.to(dtype)

@@ -37,6 +37,13 @@ def _warps(block: int) -> list[triton.Config]:
     return [triton.Config({}, num_warps=w) for w in (1, 2, 4, 8, 16) if 32 * w <= max(block, 32)]
 
 
+def _fixed_warps(block: int) -> int:
+    """num_warps for the kernels that write in place (partial sums, running statistics), which are
+    not autotuned: tuning re-runs a kernel to time it, and each re-run would add or update again.
+    About 8 elements per thread."""
+    return max(1, min(16, block // 256))
+
+
 # ---------------------------------------------------------------------------------------------
 # LayerNorm / RMSNorm
 # ---------------------------------------------------------------------------------------------
@@ -76,7 +83,6 @@ def row_norm_fwd_kernel(
         tl.store(y_ptr + row * stride_ym + c, y.to(y_ptr.dtype.element_ty), mask=m)
 
 
-@autotune([triton.Config({}, num_warps=w) for w in (1, 2, 4, 8, 16)], key=["N", "BLOCK_N"], default=2)
 @triton.jit
 def row_norm_bwd_kernel(
     gy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, gx_ptr, dw_partial_ptr, db_partial_ptr,
@@ -176,7 +182,7 @@ def row_norm_bwd(gy: torch.Tensor, x: torch.Tensor, n: int, weight: torch.Tensor
             dw_part if dw_part is not None else mean, db_part if db_part is not None else mean,
             M, n, gy2.stride(0), gy2.stride(1), x2.stride(0), x2.stride(1), n,
             RMS=rms, HAS_W=w is not None, NEED_X=need_x, NEED_W=need_weight, NEED_B=need_bias,
-            ROWS=ROWS_PER_PROGRAM, BLOCK_N=_block_n(n))
+            ROWS=ROWS_PER_PROGRAM, BLOCK_N=_block_n(n), num_warps=_fixed_warps(_block_n(n)))
     shape = weight.shape if weight is not None else (n,)
 
     def reduce(part):
@@ -198,7 +204,6 @@ def _bn_offsets(i, S, stride_n, stride_s):
     return n.to(tl.int64) * stride_n + (i - n * S).to(tl.int64) * stride_s
 
 
-@autotune(_warps(BN_BLOCK), key=["BLOCK"], default=2)
 @triton.jit
 def batch_norm_fwd_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, rmean_ptr, rvar_ptr, tracked_ptr, mean_ptr, rstd_ptr,
@@ -251,7 +256,7 @@ def batch_norm_fwd_kernel(
         tl.store(y_c + _bn_offsets(i, S, syn, sys), (x * scale + shift).to(y_ptr.dtype.element_ty), mask=i < L)
 
 
-@autotune(_warps(BN_BLOCK), key=["BLOCK"], default=2)
+@autotune(_warps(BN_BLOCK), key=["BLOCK", "TRAINING", "NEED_X"], default=2)
 @triton.jit
 def batch_norm_bwd_kernel(
     gy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, gx_ptr, dw_ptr, db_ptr,
@@ -313,7 +318,8 @@ def batch_norm_fwd(x: torch.Tensor, weight, bias, running_mean, running_var, num
         running_mean if running_mean is not None else dummy, running_var if running_var is not None else dummy,
         num_batches_tracked if num_batches_tracked is not None and update else torch.zeros(1, dtype=torch.int64, device=x.device),
         mean, rstd, N * S, S, *x3.stride(), *y3.stride(), float(eps), float(momentum),
-        TRAINING=training, UPDATE_RUNNING=update, HAS_W=weight is not None, HAS_B=bias is not None, BLOCK=BN_BLOCK)
+        TRAINING=training, UPDATE_RUNNING=update, HAS_W=weight is not None, HAS_B=bias is not None, BLOCK=BN_BLOCK,
+        num_warps=_fixed_warps(BN_BLOCK))
     return y, mean, rstd
 
 

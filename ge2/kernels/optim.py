@@ -20,7 +20,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ge2.runtime import autotune
 
 # hyper slots: what the user sets, then what optim_prepare_kernel maintains.
 LR, BETA1, BETA2, EPS, WEIGHT_DECAY, STEP, BETA1_POW, BETA2_POW, STEP_SIZE, BC2_SQRT = range(10)
@@ -34,8 +33,10 @@ _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat
               torch.float64: tl.float64}
 
 
-def _configs() -> list[triton.Config]:
-    return [triton.Config({}, num_warps=w) for w in (4, 8)]
+# One fixed config, no autotuning: the updates write in place, and tuning re-runs a kernel to time
+# it (every re-run would apply the update again). They are memory-bound streams; 4 warps on 1024
+# elements give each thread 8 contiguous elements (two 16-byte accesses per tensor).
+NUM_WARPS = 4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,7 +72,6 @@ def _chunk(table_ptr, chunks_ptr, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
     return p, g, s1, s2, offs, mask, tl.load(row + 5)
 
 
-@autotune(_configs(), key=["DTYPE", "HAS_MOMENTUM", "NESTEROV"], default=0)
 @triton.jit
 def sgd_kernel(table_ptr, chunks_ptr, hyper_ptr, HYPER_SLOTS: tl.constexpr, DTYPE: tl.constexpr,
                HAS_MOMENTUM: tl.constexpr, NESTEROV: tl.constexpr, BLOCK: tl.constexpr):
@@ -98,7 +98,6 @@ def sgd_kernel(table_ptr, chunks_ptr, hyper_ptr, HYPER_SLOTS: tl.constexpr, DTYP
     tl.store(p_ptr + offs, (p + (-lr) * d).to(DTYPE), mask=mask)
 
 
-@autotune(_configs(), key=["DTYPE", "DECOUPLED"], default=0)
 @triton.jit
 def adam_kernel(table_ptr, chunks_ptr, hyper_ptr, HYPER_SLOTS: tl.constexpr, DTYPE: tl.constexpr,
                 DECOUPLED: tl.constexpr, BLOCK: tl.constexpr):
@@ -128,7 +127,6 @@ def adam_kernel(table_ptr, chunks_ptr, hyper_ptr, HYPER_SLOTS: tl.constexpr, DTY
     tl.store(p_ptr + offs, (p + (-step_size) * (m / denom)).to(DTYPE), mask=mask)
 
 
-@autotune(_configs(), key=["DTYPE", "INF_NORM"], default=0)
 @triton.jit
 def grad_norm_partial_kernel(table_ptr, chunks_ptr, partial_ptr, DTYPE: tl.constexpr, INF_NORM: tl.constexpr,
                              BLOCK: tl.constexpr):
@@ -161,7 +159,6 @@ def grad_norm_finish_kernel(partial_ptr, n_partials, norm_ptr, coef_ptr, max_nor
     tl.store(coef_ptr, tl.minimum(max_norm / (norm + eps), 1.0))
 
 
-@autotune(_configs(), key=["DTYPE"], default=0)
 @triton.jit
 def scale_grads_kernel(table_ptr, chunks_ptr, coef_ptr, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
     """g *= coef (read on the device: no host sync between the norm and the scaling)."""
@@ -228,7 +225,7 @@ def sgd_step(hyper: torch.Tensor, params, grads, momentum_buffers, group_ids, *,
                                         _pick(group_ids, idx))
         if n:
             sgd_kernel[(n,)](table, chunks, hyper, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype],
-                             HAS_MOMENTUM=has_momentum, NESTEROV=nesterov, BLOCK=BLOCK)
+                             HAS_MOMENTUM=has_momentum, NESTEROV=nesterov, BLOCK=BLOCK, num_warps=NUM_WARPS)
 
 
 def adam_step(hyper: torch.Tensor, params, grads, exp_avgs, exp_avg_sqs, group_ids, *, decoupled: bool) -> None:
@@ -239,7 +236,7 @@ def adam_step(hyper: torch.Tensor, params, grads, exp_avgs, exp_avg_sqs, group_i
                                         _pick(exp_avg_sqs, idx), _pick(group_ids, idx))
         if n:
             adam_kernel[(n,)](table, chunks, hyper, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype],
-                              DECOUPLED=decoupled, BLOCK=BLOCK)
+                              DECOUPLED=decoupled, BLOCK=BLOCK, num_warps=NUM_WARPS)
 
 
 def clip_grad_norm_(norm_out: torch.Tensor, grads, max_norm: float, inf_norm: bool, eps: float = 1e-6) -> torch.Tensor:
@@ -255,12 +252,12 @@ def clip_grad_norm_(norm_out: torch.Tensor, grads, max_norm: float, inf_norm: bo
     for dt, (table, chunks, n) in tables.items():
         if n:
             grad_norm_partial_kernel[(n,)](table, chunks, partial[start:], DTYPE=_TL_DTYPES[dt], INF_NORM=inf_norm,
-                                           BLOCK=BLOCK)
+                                           BLOCK=BLOCK, num_warps=NUM_WARPS)
         start += n
     coef = torch.empty(1, dtype=torch.float32, device=norm_out.device)
     grad_norm_finish_kernel[(1,)](partial, max(total, 1), norm_out, coef, float(max_norm), float(eps),
                                   INF_NORM=inf_norm, BLOCK=1024)
     for dt, (table, chunks, n) in tables.items():
         if n:
-            scale_grads_kernel[(n,)](table, chunks, coef, DTYPE=_TL_DTYPES[dt], BLOCK=BLOCK)
+            scale_grads_kernel[(n,)](table, chunks, coef, DTYPE=_TL_DTYPES[dt], BLOCK=BLOCK, num_warps=NUM_WARPS)
     return norm_out
