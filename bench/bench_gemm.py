@@ -11,8 +11,9 @@ so op(B) = W^T is K-major), bias [N]. Columns, each a median of triton's do_benc
     fwd+bwd   ge2       gemm(save_z) + gemm_backward -> dx, dW, db
               torch     torch autograd of act(F.linear(x, W, b)), grads by autograd.grad
 
-``--mode kernel`` times device buffers; ``--mode end2end`` starts from host tensors and includes
-the copies in and out. Ratios are torch time / ge2 time (> 1: ge2 faster). Run on the GPU:
+``--mode kernel`` times device buffers, as CUDA-graph replays (no host launch overhead: what a
+captured training step sees); ``--mode end2end`` starts from host tensors and includes the copies
+in and out, launched eagerly. Ratios are torch time / ge2 time (> 1: ge2 faster). Run on the GPU:
 
     PYTHONPATH=. python3 bench/bench_gemm.py [--mode kernel] [--shapes main|sweep|all] [--dtypes bf16,fp16,tf32,ieee]
 """
@@ -98,7 +99,9 @@ def bench_shape(bench: Bench, M: int, N: int, K: int, act: str, dtype_name: str,
             return lambda: fn(x_h.to(dev, non_blocking=True), w_h.to(dev, non_blocking=True),
                               b_h.to(dev, non_blocking=True)).cpu()
         fns = {k: end2end(fn) for k, fn in fns.items() if k != "mm"}
-    ge2_fwd()  # tune first, so that the config column names the one timed
+    ge2_fwd()  # tune first (outside any graph capture), so that the config column names the one timed
+    if compiled is not None:
+        compiled()
     config = _best_config()
     row = bench.add({**labels, "pass": "fwd"}, flops=2.0 * M * N * K, **fns)
     row["config"] = config
@@ -120,6 +123,34 @@ def bench_shape(bench: Bench, M: int, N: int, K: int, act: str, dtype_name: str,
         bench.add({**labels, "pass": "fwd+bwd"}, flops=6.0 * M * N * K, ge2=ge2_fwd_bwd, torch=torch_fwd_bwd)
 
 
+def plot(json_path: str, png_path: str) -> None:
+    """TFLOP/s vs size of the square sweep, ge2 and cuBLAS (mm, and cuBLASLt fused), one line per dtype."""
+    import json
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.load(open(json_path))
+    rows = [r for r in data["rows"] if r["pass"] == "fwd" and len(set(r["shape"].split("x"))) == 1]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for dtype in sorted({r["dtype"] for r in rows}):
+        sel = sorted((r for r in rows if r["dtype"] == dtype), key=lambda r: int(r["shape"].split("x")[0]))
+        sizes = [int(r["shape"].split("x")[0]) for r in sel]
+        for key, style in (("ge2", "-o"), ("lt", "--s"), ("mm", ":^")):
+            ax.plot(sizes, [r.get(f"{key}_tflops") or float("nan") for r in sel], style,
+                    label=f"{dtype} {'ge2 fused' if key == 'ge2' else 'cuBLASLt fused' if key == 'lt' else 'cuBLAS mm'}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("M = N = K")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(f"GEMM + bias + relu, {data['device']}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    print(f"wrote {png_path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mode", choices=("kernel", "end2end"), default="kernel")
@@ -129,11 +160,16 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="add a torch.compile column (slow to build)")
     parser.add_argument("--variants", action="store_true", help="add a column for the non-TMA kernel")
     parser.add_argument("--name", default=None, help="JSON name under bench/results/ (default gemm_<mode>)")
+    parser.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"), help="only plot a saved sweep")
     args = parser.parse_args()
+    if args.plot:
+        return plot(*args.plot)
     if not torch.cuda.is_available():
         raise SystemExit("bench_gemm: needs a CUDA GPU (timings under the interpreter mean nothing)")
 
-    bench = Bench(args.name or f"gemm_{args.mode}")
+    # Kernel mode times CUDA-graph replays: the host's launch overhead (tens of microseconds per
+    # op in Python, for ge2 and torch alike) would otherwise swamp the small shapes.
+    bench = Bench(args.name or f"gemm_{args.mode}", cuda_graph=args.mode == "kernel")
     if args.shapes in ("main", "all"):
         for dtype_name in args.dtypes.split(","):
             for M, N, K, act in MAIN_SHAPES:

@@ -10,7 +10,8 @@ Every ``bench/bench_*.py`` script uses it the same way::
                   flops=2 * M * N * K)                            # optional: adds TFLOP/s columns
     bench.report()                                          # console table + JSON
 
-Timings are medians of ``triton.testing.do_bench`` (CUDA events, warm-up first); each row's
+Timings are medians of ``triton.testing.do_bench`` (CUDA events, warm-up first), or of CUDA-graph
+replays with ``Bench(..., cuda_graph=True)`` (kernel time without host launch overhead); each row's
 ``ratio`` columns are torch_time / ge2_time for every timed function beside ge2 (> 1: ge2 faster).
 """
 from __future__ import annotations
@@ -28,8 +29,14 @@ import triton
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
-def time_ms(fn: Callable[[], Any], warmup_ms: int = 25, rep_ms: int = 100) -> float:
-    """Median time of ``fn()`` in milliseconds (CUDA events; includes a warm-up)."""
+def time_ms(fn: Callable[[], Any], warmup_ms: int = 25, rep_ms: int = 100, cuda_graph: bool = False) -> float:
+    """Median time of ``fn()`` in milliseconds (CUDA events; includes a warm-up).
+
+    ``cuda_graph``: time replays of a CUDA graph of ``fn`` (``do_bench_cudagraph``), which removes
+    the host's launch overhead: kernel time, as a captured training step sees it.
+    """
+    if cuda_graph:
+        return float(triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
@@ -54,10 +61,10 @@ def environment() -> dict[str, str]:
 class Bench:
     """Rows of side-by-side timings, printed as a table and written to bench/results/<name>.json."""
 
-    def __init__(self, name: str, *, warmup_ms: int = 25, rep_ms: int = 100):
-        self.name, self.warmup_ms, self.rep_ms = name, warmup_ms, rep_ms
+    def __init__(self, name: str, *, warmup_ms: int = 25, rep_ms: int = 100, cuda_graph: bool = False):
+        self.name, self.warmup_ms, self.rep_ms, self.cuda_graph = name, warmup_ms, rep_ms, cuda_graph
         self.rows: list[dict[str, Any]] = []
-        self.extra: dict[str, Any] = {}
+        self.extra: dict[str, Any] = {"timing": "cuda graph replay" if cuda_graph else "eager launches"}
 
     def add(self, labels: dict[str, Any], *, flops: float | None = None, **fns: Callable[[], Any] | None) -> dict:
         """Time each function in ``fns`` (ms); None entries are recorded as missing. Returns the row."""
@@ -65,10 +72,16 @@ class Bench:
         times = {}
         for key, fn in fns.items():
             try:
-                times[key] = time_ms(fn, self.warmup_ms, self.rep_ms) if fn is not None else None
+                times[key] = time_ms(fn, self.warmup_ms, self.rep_ms, self.cuda_graph) if fn is not None else None
             except Exception as e:  # a baseline that does not apply (e.g. no fused cuBLASLt op) is recorded, not fatal
                 times[key] = None
                 row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:200]
+                if self.cuda_graph:  # not capturable: time it launched eagerly, and say so
+                    try:
+                        times[key] = time_ms(fn, self.warmup_ms, self.rep_ms)
+                        row[f"{key}_error"] += " (timed eagerly instead)"
+                    except Exception:
+                        pass
         for key, ms in times.items():
             row[f"{key}_ms"] = ms
             if flops and ms:

@@ -15,6 +15,7 @@ import torch
 import ge2
 from ge2.backend import call
 from ge2.backend.torch_backend.elementwise import _ACT
+from ge2.kernels import gemm as gemm_kernels
 from ge2.kernels.activations import ACTIVATIONS, act_code, needs_z
 from tests.numerics import DEVICE, LARGE, assert_matches, randn, rel_error
 
@@ -294,9 +295,12 @@ def test_precision_modes(dtype, precision):
 @sharded
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (False, True), (True, False), (True, True)])
 @pytest.mark.parametrize("dtype,precision", [(torch.bfloat16, "ieee"), (torch.float32, "tf32")])
-def test_layouts_forward_backward(dtype, precision, trans_a, trans_b):
-    """Every operand layout at a size that takes the GPU's tuned paths (TMA: 16-byte rows)."""
+def test_layouts_forward_backward(dtype, precision, trans_a, trans_b, monkeypatch):
+    """Every operand layout at a size that takes the GPU's tuned paths (TMA: 16-byte rows; tf32
+    backward: operands copied K-major)."""
     M, N, K = (1000, 520, 776) if LARGE else (37, 29, 45)
+    if ge2.is_interpreter():  # take the large-problem paths (the K-major copies) at this size too
+        monkeypatch.setattr(gemm_kernels, "SMALL_PROBLEM", 0)
     a = _operand(M, K, trans_a, dtype=dtype, seed=21)
     b = _operand(K, N, trans_b, dtype=dtype, seed=22)
     c, bias = randn(M, N, dtype=dtype, seed=23), _bias("per_m", M, N, dtype, seed=24)

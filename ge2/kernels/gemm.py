@@ -161,7 +161,7 @@ def _epilogue(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn, bias_ptr, 
 
 @runtime.autotune(
     CONFIGS_16BIT + CONFIGS_FP32,
-    key=["M", "N", "K", "B", "REDUCE_BATCH"],
+    key=["M", "N", "K", "B", "REDUCE_BATCH", "PRECISION", "ROUND_TF32"],
     default=INTERPRETER_CONFIG,
     prune_configs_by={"early_config_prune": _prune},
 )
@@ -267,7 +267,7 @@ def _prune_tma(configs, named_args, **kwargs):
 
 @runtime.autotune(
     TMA_CONFIGS_16BIT + TMA_CONFIGS_FP32,
-    key=["M", "N", "K", "A_KMAJOR", "B_KMAJOR"],
+    key=["M", "N", "K", "A_KMAJOR", "B_KMAJOR", "PRECISION", "ROUND_TF32"],
     default=2,
     prune_configs_by={"early_config_prune": _prune_tma},
 )
@@ -304,7 +304,14 @@ def gemm_tma_kernel(
                   y_ptr, z_ptr, stride_ym, stride_yn, alpha, beta, act_alpha, HAS_C, BIAS_KIND, ACT, SAVE_Z)
 
 
-_NUM_SMS: dict[int, int] = {}
+_SM_COUNT: dict[int, int] = {}  # Hopper+ devices -> SM count; 0 for older ones (no TMA path)
+
+
+def _tma_sms(device: torch.device) -> int:
+    if device.index not in _SM_COUNT:
+        props = torch.cuda.get_device_properties(device)
+        _SM_COUNT[device.index] = props.multi_processor_count if props.major >= 9 else 0
+    return _SM_COUNT[device.index]
 
 
 def _tma_descriptors(a_view, b_view):
@@ -344,8 +351,27 @@ def _operand_strides(t: torch.Tensor, trans: bool) -> tuple[int, int, int]:
     return (sb, s1, s0) if trans else (sb, s0, s1)
 
 
+def _k_major(view, role: str):
+    """``view`` with its reduction dim made unit-stride by a copy (no-op when it already is).
+
+    tf32 tensor-core instructions read both operands K-major only; Triton feeds an MN-major fp32
+    tile by transposing it on chip, which ran the backward's dX/dW GEMMs at ~1/3 of the forward's
+    speed on the H100. A copy costs one pass over the operand, far less than that.
+    """
+    t, (sb, sr, sc), batch, rows, cols = view
+    if (sc if role == "a" else sr) == 1:
+        return view
+    logical = torch.as_strided(t, (batch, rows, cols), (sb, sr, sc))
+    if role == "a":  # [B, M, K] with unit stride along K
+        copy = torch.empty((batch, rows, cols), dtype=t.dtype, device=t.device).copy_(logical)
+        return copy, (rows * cols, cols, 1), batch, rows, cols
+    copy = torch.empty((batch, cols, rows), dtype=t.dtype, device=t.device)  # [B, N, K]
+    copy.copy_(logical.transpose(1, 2))
+    return copy, (rows * cols, 1, rows), batch, rows, cols
+
+
 def _launch(a_view, b_view, y, *, z=None, c=None, bias=None, bias_kind=0, act=0, act_alpha=0.01,
-            alpha=1.0, beta=0.0, reduce_batch=False) -> None:
+            alpha=1.0, beta=0.0, reduce_batch=False, kmajor_copies=False) -> None:
     """Launch the kernel on op(A) = a_view ([B, M, K] strides) and op(B) = b_view ([B, K, N] strides).
 
     ``a_view``/``b_view`` are (tensor, (stride_b, stride_row, stride_col), batch, rows, cols);
@@ -357,13 +383,16 @@ def _launch(a_view, b_view, y, *, z=None, c=None, bias=None, bias_kind=0, act=0,
         return
     precision = _precision(a.dtype)
     round_tf32 = ROUND_TF32 and precision == "tf32" and not runtime.is_interpreter()
+    if (kmajor_copies and precision != "ieee" and a.dtype == torch.float32 and not reduce_batch
+            and M * N * K >= SMALL_PROBLEM):
+        a_view, b_view = _k_major(a_view, "a"), _k_major(b_view, "b")
+        a, (sab, sam, sak) = a_view[0], a_view[1]
+        b, (sbb, sbk, sbn) = b_view[0], b_view[1]
     tma = (_tma_descriptors(a_view, b_view) if USE_TMA and not reduce_batch and not runtime.is_interpreter()
-           and M * N * K >= SMALL_PROBLEM and torch.cuda.get_device_capability(a.device)[0] >= 9 else None)
+           and M * N * K >= SMALL_PROBLEM and _tma_sms(a.device) else None)
     if tma is not None:
         a_desc, b_desc, a_kmajor, b_kmajor = tma
-        if a.device.index not in _NUM_SMS:
-            _NUM_SMS[a.device.index] = torch.cuda.get_device_properties(a.device).multi_processor_count
-        num_sms = _NUM_SMS[a.device.index]
+        num_sms = _tma_sms(a.device)
         grid = lambda meta: (min(num_sms, triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
         gemm_tma_kernel[grid](
             a_desc, b_desc, c if c is not None else y, bias if bias is not None else y, y, z if z is not None else y,
@@ -566,10 +595,10 @@ def gemm_backward(gy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, z: torch.T
         # dA = alpha * gZ @ op(B)^T, or its transpose op(B) @ gZ^T when a is stored transposed.
         da = torch.empty((1, *a.shape[1:]) if _is_broadcast(a) else a.shape, dtype=a.dtype, device=a.device)
         lhs, rhs = (bv, _transposed(gv)) if trans_a else (gv, _transposed(bv))
-        _launch(lhs, rhs, da, alpha=alpha, reduce_batch=_is_broadcast(a))
+        _launch(lhs, rhs, da, alpha=alpha, reduce_batch=_is_broadcast(a), kmajor_copies=True)
     if need_b:
         # dB = alpha * op(A)^T @ gZ, or its transpose gZ^T @ op(A) when b is stored transposed.
         db = torch.empty((1, *b.shape[1:]) if _is_broadcast(b) else b.shape, dtype=b.dtype, device=b.device)
         lhs, rhs = (_transposed(gv), av) if trans_b else (_transposed(av), gv)
-        _launch(lhs, rhs, db, alpha=alpha, reduce_batch=_is_broadcast(b))
+        _launch(lhs, rhs, db, alpha=alpha, reduce_batch=_is_broadcast(b), kmajor_copies=True)
     return da, db, dbias, dc
