@@ -58,6 +58,7 @@ def test_errors():
 
 
 def test_digits_split_is_deterministic():
+    pytest.importorskip("sklearn", reason="digits needs scikit-learn: pip install -e .[data]")
     train, test = datasets.digits()
     assert len(train) + len(test) == 1797 and len(test) == 359
     x, y = train.tensors

@@ -64,7 +64,7 @@ def test_the_guard_trips_on_the_torch_backend():
 # training parity: triton vs the torch oracle, same init and batches
 # ---------------------------------------------------------------------------------------------
 def _digits_losses(backend: str, steps: int) -> list[float]:
-    pytest.importorskip("sklearn")
+    pytest.importorskip("sklearn", reason="digits needs scikit-learn: pip install -e .[data]")
     train, _ = ge2.data.datasets.digits()
     ge2.manual_seed(0)
     with ge2.use_backend(backend):
@@ -181,7 +181,7 @@ def test_resume_equals_uninterrupted_training(tmp_path):
 # ge2 train
 # ---------------------------------------------------------------------------------------------
 def test_ge2_train_beats_90_percent_on_digits(tmp_path, capsys):
-    pytest.importorskip("sklearn")
+    pytest.importorskip("sklearn", reason="digits needs scikit-learn: pip install -e .[data]")
     out = tmp_path / "run"
     rc = cli.main(["train", "--model", "mlp", "--epochs", "2", "--hidden", "32", "--lr", "3e-2", "--batch-size", "64",
                    "--out", str(out), "--no-progress"])
