@@ -191,7 +191,9 @@ def test_sum_to():
 @pytest.mark.skipif(not LARGE, reason="large shapes run on the GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_large(dtype):
-    x = layout((2049, 1031), "contig", dtype, seed=11)
+    # Mean 1: a sum of zero-mean data cancels to ~sqrt(n), and its relative error is then a lottery
+    # between two summation orders rather than a measure of either.
+    x = layout((2049, 1031), "contig", torch.float64, seed=11).add(1.0).to(dtype)
     for dims in (None, 0, 1):
         check("sum", x, dims=dims)
         check("amax", x, dims=dims)

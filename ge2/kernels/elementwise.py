@@ -25,7 +25,9 @@ is written contiguously at the linear index.
 Numerics follow torch on the GPU: each tensor operand is first rounded to the promoted dtype, then
 math runs in fp32 ("opmath"; fp64 for fp64 results, int64 for integer results) and the result is
 rounded once to the output dtype. A Python scalar stays a kernel argument in the compute dtype, so
-``bf16_x * 0.1`` is ``bf16(float(x) * 0.1f)``, not ``x * bf16(0.1)``.
+``bf16_x * 0.1`` is ``bf16(float(x) * 0.1f)``, not ``x * bf16(0.1)``. Division and sqrt are
+correctly rounded (torch's CUDA kernel divides by a scalar through its reciprocal, up to 1.5 ulp
+off; torch's CPU sqrt is not correctly rounded either), and pow is computed in fp64.
 """
 import math
 import struct
@@ -344,7 +346,10 @@ class _Launch:
         self.shape = tuple(shape)
         self.n = math.prod(self.shape)
         tensors = [x for x in operands if isinstance(x, torch.Tensor)]
-        sizes, strides = collapse_dims(self.shape, [x.expand(self.shape).stride() for x in tensors])
+        if all(x.shape == self.shape and x.is_contiguous() for x in tensors):  # the common case, cheaply
+            sizes, strides = (self.n,), [(1,)] * len(tensors)
+        else:
+            sizes, strides = collapse_dims(self.shape, [x.expand(self.shape).stride() for x in tensors])
         if len(sizes) > MAX_RANK:  # rare: copy the operands to the output's layout so that all dims merge
             operands = [x.expand(self.shape).contiguous() if isinstance(x, torch.Tensor) else x for x in operands]
             tensors = [x for x in operands if isinstance(x, torch.Tensor)]
@@ -376,6 +381,15 @@ class _Launch:
     def grid(self, meta):
         return (triton.cdiv(self.n, meta["BLOCK"]),)
 
+    def run(self, kernel, *args, **kwargs) -> None:
+        """Launch kernel over this iteration space. Small launches are never tuned, so they skip
+        the autotuner's per-call bookkeeping (a third of the Python launch cost) and take the
+        config the autotuner would pin."""
+        if self.tune_size:
+            kernel[self.grid](*args, **self.common(), **kwargs)
+        else:
+            kernel.fn[self.grid](*args, **self.common(), **kwargs, **_CONFIGS[0].all_kwargs())
+
     def common(self) -> dict:
         return dict(n=self.n, tune_size=self.tune_size, sizes=self.sizes, RANK=self.rank, WIDE=self.wide)
 
@@ -406,8 +420,8 @@ def _binary_launch(code, a, b, out_dtype, cast, act=activations.NONE, alpha=0.0)
     if out.numel() == 0:
         return out
     launch = _Launch(shape, [a, b], compute_dtype(cast))
-    _binary_kernel[launch.grid](
-        launch.pointer(0, out), launch.pointer(1, out), out, **launch.common(),
+    launch.run(
+        _binary_kernel, launch.pointer(0, out), launch.pointer(1, out), out,
         a_strides=launch.strides[0], b_strides=launch.strides[1],
         a_scalar=launch.scalar(0), b_scalar=launch.scalar(1), alpha=_float_bits(alpha),
         OP=code, ACT=act, A_SCALAR=launch.is_scalar(0), B_SCALAR=launch.is_scalar(1),
@@ -421,8 +435,8 @@ def _unary_launch(code, x, out_dtype, act=activations.NONE, alpha=0.0):
     if out.numel() == 0:
         return out
     launch = _Launch(x.shape, [x], compute_dtype(x.dtype))
-    _unary_kernel[launch.grid](
-        x, out, **launch.common(), x_strides=launch.strides[0], alpha=_float_bits(alpha),
+    launch.run(
+        _unary_kernel, x, out, x_strides=launch.strides[0], alpha=_float_bits(alpha),
         OP=code, ACT=act, COMPUTE=_TL_DTYPE[launch.compute],
     )
     return out
@@ -480,8 +494,8 @@ def where(cond: torch.Tensor, a, b) -> torch.Tensor:
     if out.numel() == 0:
         return out
     launch = _Launch(shape, [cond, a, b], compute_dtype(dt))
-    _where_kernel[launch.grid](
-        cond, launch.pointer(1, out), launch.pointer(2, out), out, **launch.common(),
+    launch.run(
+        _where_kernel, cond, launch.pointer(1, out), launch.pointer(2, out), out,
         cond_strides=launch.strides[0], a_strides=launch.strides[1], b_strides=launch.strides[2],
         a_scalar=launch.scalar(1), b_scalar=launch.scalar(2),
         A_SCALAR=launch.is_scalar(1), B_SCALAR=launch.is_scalar(2),
@@ -512,9 +526,9 @@ def binary_backward(gy: torch.Tensor, a, b, *, op_name: str, need_a: bool = True
     if gy.numel() > 0:
         launch = _Launch(shape, [gy, a, b], compute)
         placeholder = ga if ga is not None else gb
-        _binary_backward_kernel[launch.grid](
-            gy, launch.pointer(1, placeholder), launch.pointer(2, placeholder),
-            ga if ga is not None else placeholder, gb if gb is not None else placeholder, **launch.common(),
+        launch.run(
+            _binary_backward_kernel, gy, launch.pointer(1, placeholder), launch.pointer(2, placeholder),
+            ga if ga is not None else placeholder, gb if gb is not None else placeholder,
             gy_strides=launch.strides[0], a_strides=launch.strides[1], b_strides=launch.strides[2],
             a_scalar=launch.scalar(1), b_scalar=launch.scalar(2),
             OP=_BINARY_CODE[op_name], NEED_A=want_a, NEED_B=want_b,

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ge2.backend.schema import normalize_dims
 from ge2.kernels.elementwise import collapse_dims, div, strided_offsets
-from ge2.runtime import autotune
+from ge2.runtime import INTERPRETER, autotune
 
 SUM, MAX, ARGMAX = (tl.constexpr(i) for i in range(3))
 _INT64_MIN = tl.constexpr(-(2**63))
@@ -106,7 +106,8 @@ def _reduce_kernel(
     """
     split = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    if WIDE:
+    if WIDE:  # column bounds (split * chunk + chunk) and offsets may pass 2**31
+        split = split.to(tl.int64)
         rows = rows.to(tl.int64)
     row_mask = rows < M
     row_offsets = strided_offsets(rows, m_sizes, m_strides, M_RANK)
@@ -179,16 +180,23 @@ def _max_offset(sizes, strides) -> int:
 
 def _launch(x, M, N, m_side, n_side, op, acc, out, index_out=None, index_in=None, mean_count=None, split=1, chunk=None):
     (m_sizes, m_strides), (n_sizes, n_strides) = m_side, n_side
+    chunk = chunk if chunk is not None else N
     inner = n_strides[-1] == 1 and n_sizes[-1] > 1
-    wide = max(_max_offset(m_sizes, m_strides) + _max_offset(n_sizes, n_strides), split * M) > _INT32_MAX
-    _reduce_kernel[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), split)](
+    wide = max(_max_offset(m_sizes, m_strides) + _max_offset(n_sizes, n_strides), split * M, N + chunk) > _INT32_MAX
+    tuned = M * N >= 2**20
+    args = (
         x, out, index_out if index_out is not None else out, index_in if index_in is not None else out,
-        M, N, chunk if chunk is not None else N, mean_count if mean_count is not None else 1,
-        *((M, N) if M * N >= 2**20 else (0, 0)), int(inner),
+        M, N, chunk, mean_count if mean_count is not None else 1, *((M, N) if tuned else (0, 0)), int(inner),
         m_sizes, m_strides, n_sizes, n_strides,
-        OP=op, ACC=_TL_DTYPE[acc], MEAN=mean_count is not None, GATHER_INDEX=index_in is not None,
-        M_RANK=len(m_sizes), N_RANK=len(n_sizes), WIDE=wide,
     )
+    constexprs = dict(OP=op, ACC=_TL_DTYPE[acc], MEAN=mean_count is not None, GATHER_INDEX=index_in is not None,
+                      M_RANK=len(m_sizes), N_RANK=len(n_sizes), WIDE=wide)
+    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), split)  # noqa: E731
+    if tuned:
+        _reduce_kernel[grid](*args, **constexprs)
+    else:  # never tuned: skip the autotuner's per-call bookkeeping, take the config it would pin
+        config = _INTERPRETER_CONFIG if INTERPRETER else (_INNER_CONFIGS if inner else _OUTER_CONFIGS)[0]
+        _reduce_kernel.fn[grid](*args, **constexprs, **config.all_kwargs())
 
 
 def _splits(M: int, N: int, inner: bool, device: torch.device) -> int:
