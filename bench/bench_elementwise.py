@@ -3,7 +3,8 @@
 Every case is memory-bound, so the figure of merit is bytes moved (each input read once, each
 output written once) over the median time; ratio_torch = torch time / ge2 time (> 1: ge2 faster).
 Rows: add (same shape), add of a broadcast row [N], exp, sum over the last dim, sum over dim 0 and
-sum of everything (the split-into-partials path), at 4096x4096 and 8192x8192, fp32 and bf16. A
+sum of everything (the split-into-partials path), at 4096x4096 and 8192x8192 (and 64x64, where
+only launch cost shows), fp32 and bf16. A
 device-to-device copy of the same tensor is timed as the bandwidth ceiling. Inputs rotate among
 three buffers so that the 4096x4096 cases (32-64 MiB, near the 50 MiB L2) are not served from cache.
 
@@ -23,7 +24,8 @@ import ge2  # noqa: F401  (decides the device before triton is imported)
 from bench.harness import Bench
 from ge2.backend import call
 
-SHAPES = [(4096, 4096), (8192, 8192)]
+# 64x64 measures launch cost (eager) against kernel time (graph); the others measure bandwidth.
+SHAPES = [(64, 64), (4096, 4096), (8192, 8192)]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
