@@ -107,9 +107,11 @@ def _plot(log: dict[str, Any], path: str) -> str | None:
     epochs = [e["epoch"] for e in log["epochs"]]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     steps = np.arange(1, len(log["step_losses"]) + 1) / max(log["steps_per_epoch"], 1)
-    ax1.plot(steps, log["step_losses"], lw=0.8, alpha=0.6, label="train (per step)")
-    ax1.plot(epochs, [e["train_loss"] for e in log["epochs"]], "o-", label="train (epoch mean)")
-    ax1.plot(epochs, [e["test_loss"] for e in log["epochs"]], "s-", label="test")
+    smooth = log["config"].get("label_smoothing", 0.0)
+    note = f", label smoothing {smooth:g}" if smooth else ""
+    ax1.plot(steps, log["step_losses"], lw=0.8, alpha=0.6, label=f"train, per step{note}")
+    ax1.plot(epochs, [e["train_loss"] for e in log["epochs"]], "o-", label=f"train, epoch mean{note}")
+    ax1.plot(epochs, [e["test_loss"] for e in log["epochs"]], "s-", label="test (plain cross-entropy)")
     ax1.set_xlabel("epoch")
     ax1.set_ylabel("cross-entropy")
     ax1.set_yscale("log")
