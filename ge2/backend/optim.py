@@ -6,6 +6,9 @@
     step and the derived bias corrections; slots in ``ge2.kernels.optim``); the op advances the step.
     params/grads/states: equal-length lists of contiguous tensors, grads[i] and states[i] shaped like
     params[i]; states fp32; group_ids[i] the row of hyper for params[i].
+``rmsprop_step(hyper, *, params, grads, square_avgs, momentum_buffers, group_ids, has_momentum)``
+``adagrad_step(hyper, *, params, grads, state_sums, group_ids)``
+``lion_step(hyper, *, params, grads, exp_avgs, group_ids)``
 ``clip_grad_norm_(norm_out, *, grads, max_norm, norm_type=2.0) -> norm_out``
     norm_out: fp32 [1], receives the total norm of all grads; grads scaled in place by
     min(max_norm / (norm + 1e-6), 1). norm_type 2 or inf.
@@ -73,6 +76,35 @@ defop("adam_step", Schema((HYPER,), _check_adam))
 register("adam_step", "triton", dtypes=(torch.float64,))(
     lambda hyper, *, params, grads, exp_avgs, exp_avg_sqs, group_ids, decoupled:
     K.adam_step(hyper, params, grads, exp_avgs, exp_avg_sqs, group_ids, decoupled=decoupled))
+
+
+def _check_rmsprop(op, hyper, *, params, grads, square_avgs, momentum_buffers, group_ids, has_momentum) -> None:
+    _check_lists(op, hyper, params, grads, {"square_avgs": square_avgs,
+                                            "momentum_buffers": momentum_buffers if has_momentum else None}, group_ids)
+
+
+defop("rmsprop_step", Schema((HYPER,), _check_rmsprop))
+register("rmsprop_step", "triton", dtypes=(torch.float64,))(
+    lambda hyper, *, params, grads, square_avgs, momentum_buffers, group_ids, has_momentum:
+    K.rmsprop_step(hyper, params, grads, square_avgs, momentum_buffers, group_ids, has_momentum=has_momentum))
+
+
+def _check_adagrad(op, hyper, *, params, grads, state_sums, group_ids) -> None:
+    _check_lists(op, hyper, params, grads, {"state_sums": state_sums}, group_ids)
+
+
+defop("adagrad_step", Schema((HYPER,), _check_adagrad))
+register("adagrad_step", "triton", dtypes=(torch.float64,))(
+    lambda hyper, *, params, grads, state_sums, group_ids: K.adagrad_step(hyper, params, grads, state_sums, group_ids))
+
+
+def _check_lion(op, hyper, *, params, grads, exp_avgs, group_ids) -> None:
+    _check_lists(op, hyper, params, grads, {"exp_avgs": exp_avgs}, group_ids)
+
+
+defop("lion_step", Schema((HYPER,), _check_lion))
+register("lion_step", "triton", dtypes=(torch.float64,))(
+    lambda hyper, *, params, grads, exp_avgs, group_ids: K.lion_step(hyper, params, grads, exp_avgs, group_ids))
 
 
 def _check_clip(op, norm_out, *, grads, max_norm, norm_type=2.0) -> None:

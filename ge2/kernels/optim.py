@@ -1,4 +1,4 @@
-"""Fused multi-tensor optimizer updates (SGD, Adam/AdamW) and gradient-norm clipping.
+"""Fused multi-tensor optimizer updates (SGD, Adam/AdamW, RMSprop, Adagrad, Lion) and gradient-norm clipping.
 
 One launch updates every parameter of one dtype: a device table holds, per parameter, the
 addresses of the parameter, its gradient and its optimizer state, its element count and its
@@ -24,6 +24,8 @@ import triton.language as tl
 # hyper slots: what the user sets, then what optim_prepare_kernel maintains.
 LR, BETA1, BETA2, EPS, WEIGHT_DECAY, STEP, BETA1_POW, BETA2_POW, STEP_SIZE, BC2_SQRT = range(10)
 MOMENTUM, DAMPENING = BETA1, BETA2  # SGD reuses the beta slots
+ALPHA = BETA2  # RMSprop's smoothing constant (its momentum sits in MOMENTUM)
+LR_DECAY = 10  # Adagrad
 HYPER_SLOTS = 16
 
 TABLE_COLS = 6  # param, grad, state1, state2 addresses, numel, group
@@ -125,6 +127,65 @@ def adam_kernel(table_ptr, chunks_ptr, hyper_ptr, HYPER_SLOTS: tl.constexpr, DTY
     tl.store(v_ptr + offs, v, mask=mask)
     denom = tl.sqrt(v) / bc2_sqrt + eps
     tl.store(p_ptr + offs, (p + (-step_size) * (m / denom)).to(DTYPE), mask=mask)
+
+
+@triton.jit
+def rmsprop_kernel(table_ptr, chunks_ptr, hyper_ptr, HYPER_SLOTS: tl.constexpr, DTYPE: tl.constexpr,
+                   HAS_MOMENTUM: tl.constexpr, BLOCK: tl.constexpr):
+    """torch.optim.RMSprop (not centered): v = alpha v + (1 - alpha) g^2; p -= lr g / (sqrt(v) + eps), or via momentum."""
+    p_ptr, g_ptr, v_ptr, buf_ptr, offs, mask, group = _chunk(table_ptr, chunks_ptr, DTYPE, BLOCK)
+    h = hyper_ptr + group * HYPER_SLOTS
+    lr = tl.load(h + 0).to(tl.float32)
+    alpha = tl.load(h + 2)
+    eps = tl.load(h + 3).to(tl.float32)
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = g + tl.load(h + 4).to(tl.float32) * p
+    v = tl.load(v_ptr + offs, mask=mask, other=0.0)
+    v = v * alpha.to(tl.float32) + (1.0 - alpha).to(tl.float32) * (g * g)
+    tl.store(v_ptr + offs, v, mask=mask)
+    avg = tl.sqrt(v) + eps
+    if HAS_MOMENTUM:
+        buf = tl.load(buf_ptr + offs, mask=mask, other=0.0) * tl.load(h + 1).to(tl.float32) + g / avg
+        tl.store(buf_ptr + offs, buf, mask=mask)
+        p = p + (-lr) * buf
+    else:
+        p = p + (-lr) * (g / avg)
+    tl.store(p_ptr + offs, p.to(DTYPE), mask=mask)
+
+
+@triton.jit
+def adagrad_kernel(table_ptr, chunks_ptr, hyper_ptr, HYPER_SLOTS: tl.constexpr, DTYPE: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """torch.optim.Adagrad: s += g^2; p -= lr / (1 + (t - 1) lr_decay) * g / (sqrt(s) + eps)."""
+    p_ptr, g_ptr, s_ptr, _s2, offs, mask, group = _chunk(table_ptr, chunks_ptr, DTYPE, BLOCK)
+    h = hyper_ptr + group * HYPER_SLOTS
+    clr = (tl.load(h + 0) / (1.0 + (tl.load(h + 5) - 1.0) * tl.load(h + 10))).to(tl.float32)
+    eps = tl.load(h + 3).to(tl.float32)
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = g + tl.load(h + 4).to(tl.float32) * p
+    acc = tl.load(s_ptr + offs, mask=mask, other=0.0) + g * g
+    tl.store(s_ptr + offs, acc, mask=mask)
+    tl.store(p_ptr + offs, (p + (-clr) * (g / (tl.sqrt(acc) + eps))).to(DTYPE), mask=mask)
+
+
+@triton.jit
+def lion_kernel(table_ptr, chunks_ptr, hyper_ptr, HYPER_SLOTS: tl.constexpr, DTYPE: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """Lion (Chen et al. 2023): p = p (1 - lr wd) - lr sign(lerp(m, g, 1 - beta1)); m = lerp(m, g, 1 - beta2)."""
+    p_ptr, g_ptr, m_ptr, _s2, offs, mask, group = _chunk(table_ptr, chunks_ptr, DTYPE, BLOCK)
+    h = hyper_ptr + group * HYPER_SLOTS
+    lr = tl.load(h + 0)
+    beta1 = tl.load(h + 1)
+    beta2 = tl.load(h + 2)
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32) * (1.0 - lr * tl.load(h + 4)).to(tl.float32)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    m = tl.load(m_ptr + offs, mask=mask, other=0.0)
+    u = m + (1.0 - beta1).to(tl.float32) * (g - m)
+    direction = tl.where(u > 0, 1.0, tl.where(u < 0, -1.0, 0.0))
+    tl.store(p_ptr + offs, (p - lr.to(tl.float32) * direction).to(DTYPE), mask=mask)
+    tl.store(m_ptr + offs, m + (1.0 - beta2).to(tl.float32) * (g - m), mask=mask)
 
 
 @triton.jit
@@ -237,6 +298,41 @@ def adam_step(hyper: torch.Tensor, params, grads, exp_avgs, exp_avg_sqs, group_i
         if n:
             adam_kernel[(n,)](table, chunks, hyper, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype],
                               DECOUPLED=decoupled, BLOCK=BLOCK, num_warps=NUM_WARPS)
+
+
+def rmsprop_step(hyper: torch.Tensor, params, grads, square_avgs, momentum_buffers, group_ids, *,
+                 has_momentum: bool) -> None:
+    """In-place RMSprop update (not centered); square_avgs (and momentum_buffers) fp32 like params."""
+    prepare(hyper)
+    bufs = momentum_buffers if has_momentum else [None] * len(params)
+    for dtype, idx in _by_dtype(grads).items():
+        table, chunks, n = tensor_table(_pick(params, idx), _pick(grads, idx), _pick(square_avgs, idx),
+                                        _pick(bufs, idx), _pick(group_ids, idx))
+        if n:
+            rmsprop_kernel[(n,)](table, chunks, hyper, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype],
+                                 HAS_MOMENTUM=has_momentum, BLOCK=BLOCK, num_warps=NUM_WARPS)
+
+
+def adagrad_step(hyper: torch.Tensor, params, grads, state_sums, group_ids) -> None:
+    """In-place Adagrad update; state_sums fp32 like params."""
+    prepare(hyper)
+    for dtype, idx in _by_dtype(grads).items():
+        table, chunks, n = tensor_table(_pick(params, idx), _pick(grads, idx), _pick(state_sums, idx),
+                                        [None] * len(idx), _pick(group_ids, idx))
+        if n:
+            adagrad_kernel[(n,)](table, chunks, hyper, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype], BLOCK=BLOCK,
+                                 num_warps=NUM_WARPS)
+
+
+def lion_step(hyper: torch.Tensor, params, grads, exp_avgs, group_ids) -> None:
+    """In-place Lion update; exp_avgs fp32 like params."""
+    prepare(hyper)
+    for dtype, idx in _by_dtype(grads).items():
+        table, chunks, n = tensor_table(_pick(params, idx), _pick(grads, idx), _pick(exp_avgs, idx),
+                                        [None] * len(idx), _pick(group_ids, idx))
+        if n:
+            lion_kernel[(n,)](table, chunks, hyper, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype], BLOCK=BLOCK,
+                              num_warps=NUM_WARPS)
 
 
 def clip_grad_norm_(norm_out: torch.Tensor, grads, max_norm: float, inf_norm: bool, eps: float = 1e-6) -> torch.Tensor:

@@ -9,8 +9,10 @@ from ge2.backend.registry import FLOAT_DTYPES, register
 @register("embedding", "torch", dtypes=(torch.int32, torch.int64))
 def embedding(idx, weight, *, check=True):
     V = weight.shape[0]
-    if check and idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= V):
-        raise ValueError(f"embedding: index(es) out of range for a table of {V} rows (valid: 0..{V - 1})")
+    bad = int(((idx < 0) | (idx >= V)).sum()) if check else 0
+    if bad:
+        raise ValueError(f"embedding: {bad} index(es) out of range for a table of {V} rows (valid: 0..{V - 1}); "
+                         "their rows are NaN")
     return torch.nn.functional.embedding(idx.long(), weight).contiguous()
 
 

@@ -6,7 +6,7 @@ import math
 import torch
 
 from ge2.backend.registry import register
-from ge2.kernels.optim import BETA1, BETA1_POW, BETA2, BETA2_POW, EPS, LR, STEP, WEIGHT_DECAY
+from ge2.kernels.optim import ALPHA, BETA1, BETA1_POW, BETA2, BETA2_POW, EPS, LR, LR_DECAY, MOMENTUM, STEP, WEIGHT_DECAY
 
 
 def _prepare(hyper: torch.Tensor) -> list[list[float]]:
@@ -47,6 +47,44 @@ def adam_step(hyper, *, params, grads, exp_avgs, exp_avg_sqs, group_ids, decoupl
         step_size = h[LR] / (1 - h[BETA1_POW])
         denom = v.sqrt() / math.sqrt(1 - h[BETA2_POW]) + h[EPS]
         p.copy_((p32 - step_size * (m / denom)).to(p.dtype))
+
+
+@register("rmsprop_step", "torch", dtypes=(torch.float64,))
+def rmsprop_step(hyper, *, params, grads, square_avgs, momentum_buffers, group_ids, has_momentum):
+    rows = _prepare(hyper)
+    for i, (p, g, v, gid) in enumerate(zip(params, grads, square_avgs, group_ids)):
+        h = rows[gid]
+        g32 = g.float() + h[WEIGHT_DECAY] * p.float() if h[WEIGHT_DECAY] != 0 else g.float()
+        v.mul_(h[ALPHA]).addcmul_(g32, g32, value=1 - h[ALPHA])
+        avg = v.sqrt().add_(h[EPS])
+        if has_momentum:
+            buf = momentum_buffers[i]
+            buf.mul_(h[MOMENTUM]).addcdiv_(g32, avg)
+            p.copy_((p.float() - h[LR] * buf).to(p.dtype))
+        else:
+            p.copy_(p.float().addcdiv(g32, avg, value=-h[LR]).to(p.dtype))
+
+
+@register("adagrad_step", "torch", dtypes=(torch.float64,))
+def adagrad_step(hyper, *, params, grads, state_sums, group_ids):
+    rows = _prepare(hyper)
+    for p, g, acc, gid in zip(params, grads, state_sums, group_ids):
+        h = rows[gid]
+        g32 = g.float() + h[WEIGHT_DECAY] * p.float() if h[WEIGHT_DECAY] != 0 else g.float()
+        clr = h[LR] / (1 + (h[STEP] - 1) * h[LR_DECAY])
+        acc.addcmul_(g32, g32, value=1)
+        p.copy_(p.float().addcdiv(g32, acc.sqrt().add_(h[EPS]), value=-clr).to(p.dtype))
+
+
+@register("lion_step", "torch", dtypes=(torch.float64,))
+def lion_step(hyper, *, params, grads, exp_avgs, group_ids):
+    rows = _prepare(hyper)
+    for p, g, m, gid in zip(params, grads, exp_avgs, group_ids):
+        h = rows[gid]
+        p32 = p.float() * (1 - h[LR] * h[WEIGHT_DECAY])
+        update = m.lerp(g.float(), 1 - h[BETA1]).sign_()
+        p.copy_((p32 - h[LR] * update).to(p.dtype))
+        m.lerp_(g.float(), 1 - h[BETA2])
 
 
 @register("clip_grad_norm_", "torch", dtypes=(torch.float32,))
