@@ -175,7 +175,8 @@ def test_init_functions_match_torch_formulas():
 def test_linear_fused_activation_vs_torch(act, t_act):
     g = nn.Linear(7, 5, activation=act, negative_slope=0.2)
     t = torch.nn.Sequential(torch.nn.Linear(7, 5), t_act).to(DEVICE)
-    g.load_state_dict({"weight": t[0].weight, "bias": t[0].bias})
+    g.load_state_dict({"weight": t[0].weight, "bias": t[0].bias})  # torch Parameters load directly
+    assert not g.weight.data.requires_grad and g.weight.data.grad_fn is None  # ...detached from torch's graph
     x = randn(6, 7, noncontig=True)
     xg, xt = ge2.from_torch(x, requires_grad=True), x.clone().requires_grad_()
     x64 = x.double().requires_grad_()

@@ -276,7 +276,8 @@ class Module:
             for key, dst in own.items():
                 if key in state_dict:
                     src = state_dict[key]
-                    dst.data.copy_(src.data if isinstance(src, Tensor) else src)
+                    # detach: a torch Parameter copied in must not make the memory part of torch's graph
+                    dst.data.copy_((src.data if isinstance(src, Tensor) else src).detach())
                     dst._version_counter.value += 1
         return IncompatibleKeys(missing, unexpected)
 
