@@ -9,7 +9,10 @@ One Triton kernel, ``gemm_epilogue_kernel``, does it: a tiled GEMM (grouped tile
 neighbouring programs share A/B tiles in L2) whose accumulator never leaves registers before the
 epilogue (alpha, beta*C, bias, activation, cast) is applied and Y (and Z) are stored. Operands are
 addressed through their strides, so transposed views, expanded (stride-0) batches and sliced
-inputs need no copy; ``trans_a``/``trans_b`` only swap the two strides of an operand.
+inputs need no copy; ``trans_a``/``trans_b`` only swap the two strides of an operand. On Hopper,
+large 2-D problems whose operands each have a unit stride take ``gemm_tma_kernel`` instead: the
+same epilogue behind a persistent main loop fed by TMA tensor descriptors (docs/gemm.md has the
+measurements behind each choice).
 
 Backward (``gemm_backward``) is two steps:
 
