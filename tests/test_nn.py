@@ -75,6 +75,26 @@ def test_module_registration_and_traversal():
     assert len(list(twice.parameters())) == 2  # a shared parameter is listed once
 
 
+def test_python_control_flow_in_forward_and_module_list():
+    class Tower(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(4, 4, activation="tanh") for _ in range(3))
+
+        def forward(self, x, depth):
+            for i, layer in enumerate(self.layers):
+                if i >= depth:  # define-by-run: the graph is whatever this call executed
+                    break
+                x = layer(x) + x if i % 2 else layer(x)
+            return x
+
+    m = Tower()
+    assert len(list(m.parameters())) == 6
+    x = ge2.from_torch(randn(2, 4))
+    m(x, depth=2).backward(ge2.from_torch(randn(2, 4, seed=1)))
+    assert m.layers[1].weight.grad is not None and m.layers[2].weight.grad is None
+
+
 def test_module_repr_is_readable():
     m = nn.Sequential(nn.Linear(64, 128, activation="relu"), nn.Dropout(0.25), nn.Linear(128, 10))
     assert repr(m) == (
