@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "train":
         try:
             train_module.run(args)
-        except (NotImplementedError, ImportError) as e:
+        except train_module.TrainSetupError as e:
             print(f"ge2 train: {e}", file=sys.stderr)
             return 2
     return 0

@@ -28,6 +28,10 @@ from ge2.optim.lr_scheduler import CosineAnnealingLR
 DEFAULT_LR = {"adamw": 1e-2, "sgd": 0.1}
 
 
+class TrainSetupError(RuntimeError):
+    """The run cannot start as configured (a missing layer, device or package): ``ge2 train`` prints it."""
+
+
 class _Image(nn.Module):
     """[N, H*W] rows -> [N, 1, H, W] images (a view)."""
 
@@ -49,8 +53,8 @@ def build_model(name: str, in_features: int = 64, classes: int = 10, hidden: int
     if name == "cnn":
         missing = [layer for layer in ("Conv2d", "MaxPool2d") if not hasattr(nn, layer)]
         if missing:
-            raise NotImplementedError(
-                f"ge2 train --model cnn needs ge2.nn.{' and ge2.nn.'.join(missing)} (the conv2d and pooling kernels "
+            raise TrainSetupError(
+                f"--model cnn needs ge2.nn.{' and ge2.nn.'.join(missing)} (the conv2d and pooling kernels "
                 "of issue 5), which are not built yet; use --model mlp")
         side = int(math.isqrt(in_features))
         return nn.Sequential(
@@ -130,13 +134,19 @@ def _plot(log: dict[str, Any], path: str) -> str | None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Train as configured by the parsed ``ge2 train`` options; writes DIR/log.json and DIR/curves.png."""
-    device = ge2.runtime.resolve_device(args.device)
+    try:
+        device = ge2.runtime.resolve_device(args.device)
+    except (RuntimeError, ValueError) as e:
+        raise TrainSetupError(str(e)) from None
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.optimizer]
     if args.dataset != "digits":
         raise ValueError(f"train: --dataset must be 'digits', got {args.dataset!r}")
     os.makedirs(args.out, exist_ok=True)
     ge2.manual_seed(args.seed)
-    train_set, test_set = datasets.digits(seed=args.seed)
+    try:
+        train_set, test_set = datasets.digits(seed=args.seed)
+    except ImportError as e:
+        raise TrainSetupError(str(e)) from None
     with ge2.use_backend(args.backend):
         model = build_model(args.model, hidden=args.hidden).to(device)
         opt = build_optimizer(args.optimizer, model.parameters(), lr)
