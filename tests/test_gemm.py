@@ -7,7 +7,6 @@ error against torch's own in the same mode, on larger shapes when ``numerics.LAR
 from __future__ import annotations
 
 import itertools
-import os
 
 import pytest
 import torch
@@ -22,17 +21,7 @@ from tests.numerics import DEVICE, LARGE, assert_matches, randn, rel_error
 BIAS_KINDS = ("none", "scalar", "per_m", "per_n")
 # (M, N, K): odd sizes, size-1 dims, one shape over the interpreter's 32-wide tiles in every dim.
 SHAPES = [(7, 5, 3), (1, 9, 4), (6, 1, 5), (33, 17, 65), (5, 8, 1), (3, 40, 7)]
-ALL_COMBOS = list(itertools.product(ACTIVATIONS, BIAS_KINDS, (False, True), (False, True)))
-# GE2_TEST_SHARD=i/n keeps every n-th combination: on a GPU, compiling ~130 kernel variants
-# dominates, and n shards in parallel processes cover the set n times faster.
-_shard, _shards = (int(v) for v in os.environ.get("GE2_TEST_SHARD", "0/1").split("/"))
-COMBOS = [c for j, c in enumerate(ALL_COMBOS) if j % _shards == _shard]
-_next_test = itertools.count()
-
-
-def sharded(test):
-    """Run this (non-combination) test in one shard only, round-robin over the tests."""
-    return pytest.mark.skipif(next(_next_test) % _shards != _shard, reason=f"in another shard of {_shards}")(test)
+COMBOS = list(itertools.product(ACTIVATIONS, BIAS_KINDS, (False, True), (False, True)))
 
 
 def _operand(rows: int, cols: int, trans: bool, *, dtype=torch.float32, noncontig=False, seed=None, batch=None):
@@ -82,7 +71,7 @@ def _case(i: int, act: str, bias_kind: str, trans_a: bool, trans_b: bool, dtype=
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("act,bias_kind,trans_a,trans_b", COMBOS)
 def test_forward_every_combination(act, bias_kind, trans_a, trans_b):
-    i = ALL_COMBOS.index((act, bias_kind, trans_a, trans_b))
+    i = COMBOS.index((act, bias_kind, trans_a, trans_b))
     a, b, c, bias, attrs = _case(i, act, bias_kind, trans_a, trans_b)
     y, z = call("gemm", a, b, c, bias, save_z=True, **attrs)
     y64, z64 = _reference(a, b, c, bias, dtype=torch.float64, **attrs)
@@ -97,7 +86,6 @@ def test_forward_every_combination(act, bias_kind, trans_a, trans_b):
         assert z is None  # act' comes from Y: no Z stash
 
 
-@sharded
 def test_forward_batched_broadcast_and_strided():
     B, M, N, K = 3, 9, 6, 13
     a = randn(B, M, K, noncontig=True, seed=1)
@@ -114,7 +102,6 @@ def test_forward_batched_broadcast_and_strided():
     assert_matches(z, z64, name="z")
 
 
-@sharded
 def test_forward_matches_torch_backend():
     a, b, c, bias, attrs = _case(3, "gelu", "per_m", True, False)
     y, z = call("gemm", a, b, c, bias, save_z=True, **attrs)
@@ -123,7 +110,6 @@ def test_forward_matches_torch_backend():
     assert rel_error(y, yt) <= 2e-6 and rel_error(z, zt) <= 2e-6
 
 
-@sharded
 def test_beta_zero_ignores_c():
     a, b = randn(5, 4, seed=1), randn(4, 3, seed=2)
     c = torch.full((5, 3), float("nan"), device=DEVICE)
@@ -131,7 +117,6 @@ def test_beta_zero_ignores_c():
     assert torch.isfinite(y).all()
 
 
-@sharded
 def test_out_dtype():
     a, b = randn(7, 5, dtype=torch.bfloat16, seed=1), randn(5, 3, dtype=torch.bfloat16, seed=2)
     y, _ = call("gemm", a, b, out_dtype=torch.float32)
@@ -193,12 +178,11 @@ def _check_backward(a, b, c, bias, attrs, *, seed, noncontig_gy=False, name=""):
 
 @pytest.mark.parametrize("act,bias_kind,trans_a,trans_b", COMBOS)
 def test_backward_every_combination(act, bias_kind, trans_a, trans_b):
-    i = ALL_COMBOS.index((act, bias_kind, trans_a, trans_b))
+    i = COMBOS.index((act, bias_kind, trans_a, trans_b))
     a, b, c, bias, attrs = _case(i, act, bias_kind, trans_a, trans_b)
     _check_backward(a, b, c, bias, attrs, seed=4000 + i, noncontig_gy=i % 3 == 0, name=f"[{act},{bias_kind}]")
 
 
-@sharded
 @pytest.mark.parametrize("broadcast", ["a", "b"])
 def test_backward_batched_broadcast(broadcast):
     B, M, N, K = 3, 7, 5, 9
@@ -222,7 +206,6 @@ def test_backward_batched_broadcast(broadcast):
     assert_matches(dbias, gbias, tbias, name="dbias")
 
 
-@sharded
 def test_backward_matches_torch_backend_and_is_deterministic():
     M, N, K = (2048, 1536, 512) if LARGE else (70, 90, 20)
     a, b, bias = randn(M, K, seed=1), randn(K, N, seed=2), randn(N, seed=3)
@@ -238,7 +221,6 @@ def test_backward_matches_torch_backend_and_is_deterministic():
         assert rel_error(x, w) <= 1e-5, label
 
 
-@sharded
 def test_backward_need_flags_and_scalar_bias_total():
     a, b, bias = randn(6, 4, seed=1), randn(4, 5, seed=2), randn(1, seed=3)
     gy = randn(6, 5, seed=4)
@@ -254,7 +236,6 @@ def test_backward_need_flags_and_scalar_bias_total():
     ((randn(4, 5), randn(4, 3), randn(3, 5), randn(4, 4)), {"act": "silu"}, "z has shape [4, 4]"),
     ((randn(4, 5), randn(4, 3), randn(2, 5)), {}, "inner dimensions differ"),
 ])
-@sharded
 def test_backward_bad_input(args, attrs, message):
     with pytest.raises(ValueError) as info:
         call("gemm_backward", *args, **attrs)
@@ -268,7 +249,6 @@ PRECISION_CASES = [(torch.float32, "ieee"), (torch.float32, "tf32"), (torch.floa
                    (torch.bfloat16, "ieee"), (torch.float16, "ieee")]
 
 
-@sharded
 @pytest.mark.parametrize("dtype,precision", PRECISION_CASES)
 def test_precision_modes(dtype, precision):
     M, N, K = (1031, 771, 1283) if LARGE else (37, 29, 45)
@@ -292,7 +272,6 @@ def test_precision_modes(dtype, precision):
     assert_matches(y, y64, y_torch, name=f"y {dtype} {precision}")
 
 
-@sharded
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (False, True), (True, False), (True, True)])
 @pytest.mark.parametrize("dtype,precision", [(torch.bfloat16, "ieee"), (torch.float32, "tf32")])
 def test_layouts_forward_backward(dtype, precision, trans_a, trans_b, monkeypatch):
@@ -353,7 +332,6 @@ def _bad_inputs():
     ]
 
 
-@sharded
 @pytest.mark.parametrize("inputs,attrs,error,message", _bad_inputs())
 def test_bad_input(inputs, attrs, error, message):
     with pytest.raises(error) as info:
