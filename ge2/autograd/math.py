@@ -14,7 +14,7 @@ import torch
 from ge2 import backend
 from ge2.autograd import grad_mode
 from ge2.autograd.function import Context, Function
-from ge2.autograd.tensor import Tensor, _check_inplace
+from ge2.autograd.tensor import Tensor, _check_inplace, parse_to_args
 from ge2.backend.schema import broadcast_shapes, normalize_dims, shape_str
 
 call = backend.call
@@ -705,16 +705,7 @@ def _install_methods() -> None:
     T.__getitem__ = index
 
     def to_method(self, *args, **kwargs):
-        device, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
-        if kwargs:
-            raise TypeError(f"to: unexpected arguments {sorted(kwargs)}")
-        for a in args:
-            if isinstance(a, torch.dtype):
-                dtype = a
-            elif isinstance(a, Tensor):
-                device, dtype = a.device, a.dtype
-            else:
-                device = a
+        device, dtype = parse_to_args(args, kwargs)
         return to(self, device=device, dtype=dtype)
 
     T.to = to_method

@@ -268,5 +268,20 @@ def _check_inplace(t: Tensor, op: str) -> None:
         )
 
 
+def parse_to_args(args: tuple, kwargs: dict) -> tuple[Any, torch.dtype | None]:
+    """(device, dtype) from ``.to(...)`` arguments: a dtype, a device, a Tensor (both), or keywords."""
+    device, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
+    if kwargs:
+        raise TypeError(f"to: unexpected arguments {sorted(kwargs)}")
+    for a in args:
+        if isinstance(a, torch.dtype):
+            dtype = a
+        elif isinstance(a, Tensor):
+            device, dtype = a.device, a.dtype
+        else:
+            device = a
+    return device, dtype
+
+
 def _resolve(dev) -> torch.device:
     return runtime.resolve_device(dev)

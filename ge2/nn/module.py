@@ -13,7 +13,7 @@ import torch
 
 from ge2 import runtime
 from ge2.autograd.grad_mode import no_grad
-from ge2.autograd.tensor import Tensor
+from ge2.autograd.tensor import Tensor, parse_to_args
 from ge2.backend.schema import dtype_name, shape_str
 from ge2.nn.parameter import Parameter
 
@@ -195,14 +195,7 @@ class Module:
 
     def to(self, *args: Any, **kwargs: Any) -> "Module":
         """Move parameters and buffers to a device and/or cast floating ones to a dtype, in place."""
-        device, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
-        if kwargs:
-            raise TypeError(f"to: unexpected arguments {sorted(kwargs)}")
-        for a in args:
-            if isinstance(a, torch.dtype):
-                dtype = a
-            else:
-                device = a
+        device, dtype = parse_to_args(args, kwargs)
         if dtype is not None and not dtype.is_floating_point:
             raise TypeError(f"to: a module can only be cast to a floating dtype, got {dtype_name(dtype)}")
         dev = runtime.resolve_device(device) if device is not None else None
