@@ -101,10 +101,12 @@ def _time(fn) -> float:
 
 def tune_op(op: str, dtype: torch.dtype, shapes: list[tuple[int, ...]], progress: bool = True) -> list[dict]:
     """Tune ``op`` at each shape; returns one report row per (kernel, tuned key)."""
-    from tqdm import tqdm
+    if progress:
+        from tqdm import tqdm
 
+        shapes = tqdm(shapes, desc=f"autotune {op}")
     rows = []
-    for shape in tqdm(shapes, desc=f"autotune {op}", disable=not progress):
+    for shape in shapes:
         ge2_fn, torch_fn = RECIPES[op][1](shape, dtype, ge2.device())
         marks = _marks()
         ge2_fn()
