@@ -141,10 +141,11 @@ def print_table(rows: list[dict]) -> None:
     def fmt(v, spec):
         return format(v, spec) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else "-"
 
-    print(f"{'op':16} {'shape':16} {'kernel':22} {'best config':34} {'ms':>8} {'x default':>9} "
+    print(f"{'op':16} {'shape':16} {'kernel':22} {'tuned key':28} {'best config':44} {'ms':>8} {'x default':>9} "
           f"{'op ms':>8} {'torch ms':>8} {'x torch':>7}")
     for r in rows:
-        print(f"{r['op']:16} {r['shape']:16} {r['kernel'][:22]:22} {r['best'][:34]:34} {fmt(r['ms'], '8.4f')} "
+        print(f"{r['op']:16} {r['shape']:16} {r['kernel'][:22]:22} {r['key'][:28]:28} {r['best'][:44]:44} "
+              f"{fmt(r['ms'], '8.4f')} "
               f"{fmt(r['vs_default'], '9.2f')} {fmt(r['op_ms'], '8.4f')} {fmt(r['torch_ms'], '8.4f')} "
               f"{fmt(r['vs_torch'], '7.2f')}")
 

@@ -170,6 +170,14 @@ class PersistentAutotuner(Autotuner):
             return super().run(*args, **kwargs)
         key = self._key(args, kwargs)
         fresh = key not in self.cache
+        if fresh:
+            self.nargs = dict(zip(self.arg_names, args))
+            candidates = self.prune_configs(kwargs)
+            if len(candidates) == 1:
+                # The kernel's own pruning already decided (e.g. one config for launch-bound
+                # sizes): timing a single candidate would only cost time, and needs no storing.
+                self.cache[key] = candidates[0]
+                fresh = False
         if fresh and not FORCE_RETUNE:
             entry = store().lookup(self.store_key(key), self.space)
             if entry is not None:

@@ -46,8 +46,9 @@ SCRIPT = textwrap.dedent("""
         return [t, t, t]
 
     configs = [triton.Config({"BLOCK": b}, num_warps=1) for b in blocks]
+    prune = {"early_config_prune": lambda cfgs, nargs, **kw: cfgs[:1]} if os.environ.get("PRUNE_TO_ONE") else None
     tuner = tuning.PersistentAutotuner(scale, scale.arg_names, configs, ["n"], None, None,
-                                       do_bench=fake_bench, default_config=configs[0],
+                                       do_bench=fake_bench, default_config=configs[0], prune_configs_by=prune,
                                        pre_hook=lambda kw, reset_only=False: tuner.nargs_block.append(kw.get("BLOCK")))
     tuner.nargs_block = []
     n = int(os.environ["N"])
@@ -63,13 +64,15 @@ SCRIPT = textwrap.dedent("""
 def run(tmp_path, n=1000, blocks="16,32,64", fastest=32, **env):
     environ = {**os.environ, "GE2_CACHE_DIR": str(tmp_path), "N": str(n), "BLOCKS": blocks,
                "FASTEST": str(fastest), "PYTHONPATH": ROOT, **env}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=environ, capture_output=True, text=True, timeout=300)
+    script = tmp_path / "tune_script.py"  # @triton.jit needs its source in a file on a GPU
+    script.write_text(SCRIPT)
+    proc = subprocess.run([sys.executable, str(script)], env=environ, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
 def cache_file(tmp_path):
-    files = [f for f in os.listdir(tmp_path) if f.endswith(".json")]
+    files = [f for f in os.listdir(tmp_path) if f.endswith(".json") and not f.startswith(".")]
     assert len(files) == 1, files
     return tmp_path / files[0]
 
@@ -92,6 +95,12 @@ def test_round_trip_across_processes(tmp_path):
     third, _ = run(tmp_path, n=5000, fastest=64)
     assert third["best"] == 64 and third["tuned"] == 1
     assert len(json.loads(cache_file(tmp_path).read_text())["entries"]) == 2
+
+
+def test_a_single_candidate_after_pruning_is_neither_timed_nor_stored(tmp_path):
+    result, _ = run(tmp_path, fastest=32, PRUNE_TO_ONE="1", FORBID_TUNING="1")
+    assert result == {"best": 16, "tuned": 0, "hits": 0, "benched": []}
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".json") and not f.startswith(".")]
 
 
 def test_other_triton_version_or_config_space_is_ignored(tmp_path):
