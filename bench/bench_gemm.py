@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 import ge2
+from bench import harness
 from bench.harness import Bench
 from ge2.backend import call
 from ge2.kernels import gemm as gemm_kernels
@@ -127,28 +128,17 @@ def plot(json_path: str, png_path: str) -> None:
     """TFLOP/s vs size of the square sweep, ge2 and cuBLAS (mm, and cuBLASLt fused), one line per dtype."""
     import json
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     data = json.load(open(json_path))
     rows = [r for r in data["rows"] if r["pass"] == "fwd" and len(set(r["shape"].split("x"))) == 1]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    names = {"ge2": "ge2 fused", "lt": "cuBLASLt fused", "mm": "cuBLAS mm"}
+    series = {}
     for dtype in sorted({r["dtype"] for r in rows}):
         sel = sorted((r for r in rows if r["dtype"] == dtype), key=lambda r: int(r["shape"].split("x")[0]))
         sizes = [int(r["shape"].split("x")[0]) for r in sel]
-        for key, style in (("ge2", "-o"), ("lt", "--s"), ("mm", ":^")):
-            ax.plot(sizes, [r.get(f"{key}_tflops") or float("nan") for r in sel], style,
-                    label=f"{dtype} {'ge2 fused' if key == 'ge2' else 'cuBLASLt fused' if key == 'lt' else 'cuBLAS mm'}")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("M = N = K")
-    ax.set_ylabel("TFLOP/s")
-    ax.set_title(f"GEMM + bias + relu, {data['device']}")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
-    print(f"wrote {png_path}")
+        for key, name in names.items():
+            series[f"{dtype} {name}"] = (sizes, [r.get(f"{key}_tflops") or float("nan") for r in sel])
+    harness.plot(png_path, series, title=f"GEMM + bias + relu, {data['device']}", xlabel="M = N = K",
+                 ylabel="TFLOP/s", logx=True)
 
 
 def main() -> None:

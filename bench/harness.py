@@ -9,6 +9,7 @@ Every ``bench/bench_*.py`` script uses it the same way::
                   ge2=lambda: ..., torch=lambda: ...,             # functions timed, ms (median)
                   flops=2 * M * N * K)                            # optional: adds TFLOP/s columns
     bench.report()                                          # console table + JSON
+    plot("x.png", {"ge2": (sizes, tflops)}, title=..., xlabel=..., ylabel=...)  # optional PNG
 
 Timings are medians of ``triton.testing.do_bench`` (CUDA events, warm-up first), or of CUDA-graph
 replays with ``Bench(..., cuda_graph=True)`` (kernel time without host launch overhead); each row's
@@ -145,3 +146,28 @@ class Bench:
         path = self.save(**extra)
         print(f"wrote {path}")
         return path
+
+
+def plot(path: str | Path, series: dict[str, tuple[list, list]], *, title: str, xlabel: str, ylabel: str,
+         logx: bool = False) -> Path | None:
+    """A PNG line plot, one line per ``label -> (xs, ys)``; None (and a note) without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("plot skipped: matplotlib is not installed (pip install ge2[viz])")
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, (xs, ys) in series.items():
+        ax.plot(xs, ys, "-o", markersize=3, label=label)
+    if logx:
+        ax.set_xscale("log", base=2)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")
+    return Path(path)
