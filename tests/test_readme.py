@@ -12,3 +12,11 @@ def test_ci_runs_the_readme_test_command():
     assert demo.endswith("python -m ge2 train") and test.endswith("python -m pytest -q")
     assert demo.rsplit("&&", 1)[0] == test.rsplit("&&", 1)[0]  # same set-up for both
     assert "grep -m1 -E '^python3 -m venv .* -m pytest' README.md" in (ROOT / ".ci/run").read_text()
+
+
+def test_readme_example_runs():
+    src = (ROOT / "README.md").read_text()
+    block = src.split("```python\n")[1].split("```")[0]
+    namespace: dict = {}
+    exec(compile(block, "README.md", "exec"), namespace)
+    assert namespace["w"].grad is not None and namespace["ref"].shape == ()
