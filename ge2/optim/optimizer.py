@@ -13,12 +13,13 @@ from typing import Any, Iterable
 
 import torch
 
+from ge2.autograd.grad_mode import no_grad
 from ge2.autograd.tensor import Tensor
 from ge2.kernels import optim as K
 
 
 class Optimizer:
-    """Base class: subclasses define ``_slots`` (group key -> hyper slot) and ``step``."""
+    """Base class: subclasses define ``_slots`` (group key -> hyper slot) and ``_update`` (the fused op)."""
 
     _slots: dict[str, int] = {}
 
@@ -51,6 +52,11 @@ class Optimizer:
             seen.add(id(p))
         full = {**self.defaults, **{k: v for k, v in group.items() if k != "params"}, "params": params}
         full.setdefault("initial_lr", full["lr"])
+        if "betas" in full:
+            betas = full["betas"]
+            if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+                raise ValueError(f"{name}: betas must be two numbers in [0, 1), got {betas!r}")
+            full["betas"] = tuple(betas)
         self._validate(full)
         self.param_groups.append(full)
         self._hyper = None  # rebuilt (with the right number of rows) at the next step
@@ -68,6 +74,9 @@ class Optimizer:
 
     def _sync_hyper(self) -> torch.Tensor:
         """Create the hyper tensor on first use, then write any group value that changed since."""
+        for g in self.param_groups:
+            if "betas" in g:  # the kernels read the two betas from their own slots
+                g["beta1"], g["beta2"] = g["betas"]
         if self._hyper is None or self._hyper.device != self._device():
             rows = []
             for g in self.param_groups:
@@ -138,7 +147,19 @@ class Optimizer:
             st[key] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
         return st[key]
 
+    @no_grad()
     def step(self) -> None:
+        """Update every parameter that has a gradient: one fused launch per dtype."""
+        params, grads, groups = self._with_grads()
+        hyper = self._sync_hyper()
+        if not params:
+            return
+        self._update(hyper, params, grads, groups)
+        for p in params:
+            p._version_counter.value += 1  # the update wrote each parameter in place
+
+    def _update(self, hyper: torch.Tensor, params: list[Tensor], grads: list[torch.Tensor], groups: list[int]) -> None:
+        """Launch the optimizer's fused update kernel over ``params`` (group index of each in ``groups``)."""
         raise NotImplementedError
 
     # ---- checkpoints -------------------------------------------------------------------------

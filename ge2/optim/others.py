@@ -3,10 +3,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-import torch
-
 from ge2 import backend
-from ge2.autograd.grad_mode import no_grad
 from ge2.kernels import optim as K
 from ge2.optim.optimizer import Optimizer
 
@@ -25,18 +22,11 @@ class RMSprop(Optimizer):
         super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum))
         self._has_momentum = any(g["momentum"] != 0 for g in self.param_groups)
 
-    @no_grad()
-    def step(self) -> None:
-        params, grads, groups = self._with_grads()
-        hyper = self._sync_hyper()
-        if not params:
-            return
+    def _update(self, hyper, params, grads, groups) -> None:
         bufs = [self._state_tensor(p, "momentum_buffer") for p in params] if self._has_momentum else None
         backend.call("rmsprop_step", hyper, params=[p.data for p in params], grads=grads,
                      square_avgs=[self._state_tensor(p, "square_avg") for p in params], momentum_buffers=bufs,
                      group_ids=groups, has_momentum=self._has_momentum)
-        for p in params:
-            p._version_counter.value += 1
 
 
 class Adagrad(Optimizer):
@@ -49,12 +39,7 @@ class Adagrad(Optimizer):
         super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, eps=eps,
                                       initial_accumulator_value=initial_accumulator_value))
 
-    @no_grad()
-    def step(self) -> None:
-        params, grads, groups = self._with_grads()
-        hyper = self._sync_hyper()
-        if not params:
-            return
+    def _update(self, hyper, params, grads, groups) -> None:
         sums = []
         for p, gi in zip(params, groups):
             fresh = "sum" not in self.state.get(p, {})
@@ -64,8 +49,6 @@ class Adagrad(Optimizer):
             sums.append(s)
         backend.call("adagrad_step", hyper, params=[p.data for p in params], grads=grads, state_sums=sums,
                      group_ids=groups)
-        for p in params:
-            p._version_counter.value += 1
 
 
 class Lion(Optimizer):
@@ -75,26 +58,8 @@ class Lion(Optimizer):
 
     def __init__(self, params: Iterable, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
                  weight_decay: float = 0.0):
-        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"Lion: betas must be two numbers in [0, 1), got {betas!r}")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
 
-    def add_param_group(self, group) -> None:
-        betas = group.get("betas", self.defaults["betas"])
-        super().add_param_group({**group, "beta1": betas[0], "beta2": betas[1]})
-
-    def _sync_hyper(self) -> torch.Tensor:
-        for g in self.param_groups:
-            g["beta1"], g["beta2"] = g["betas"]
-        return super()._sync_hyper()
-
-    @no_grad()
-    def step(self) -> None:
-        params, grads, groups = self._with_grads()
-        hyper = self._sync_hyper()
-        if not params:
-            return
+    def _update(self, hyper, params, grads, groups) -> None:
         backend.call("lion_step", hyper, params=[p.data for p in params], grads=grads,
                      exp_avgs=[self._state_tensor(p, "exp_avg") for p in params], group_ids=groups)
-        for p in params:
-            p._version_counter.value += 1

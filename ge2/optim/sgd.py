@@ -4,8 +4,6 @@ from __future__ import annotations
 from typing import Iterable
 
 from ge2 import backend
-from ge2.autograd.grad_mode import no_grad
-from ge2.autograd.tensor import Tensor
 from ge2.kernels import optim as K
 from ge2.optim.optimizer import Optimizer
 
@@ -27,15 +25,7 @@ class SGD(Optimizer):
         self._has_momentum = any(g["momentum"] != 0 for g in self.param_groups)
         self._nesterov = any(g["nesterov"] for g in self.param_groups)
 
-    @no_grad()
-    def step(self) -> None:
-        """Update every parameter that has a gradient."""
-        params, grads, groups = self._with_grads()
-        hyper = self._sync_hyper()
-        if not params:
-            return
+    def _update(self, hyper, params, grads, groups) -> None:
         bufs = [self._state_tensor(p, "momentum_buffer") for p in params] if self._has_momentum else None
         backend.call("sgd_step", hyper, params=[p.data for p in params], grads=grads, momentum_buffers=bufs,
                      group_ids=groups, has_momentum=self._has_momentum, nesterov=self._nesterov)
-        for p in params:
-            p._version_counter.value += 1
