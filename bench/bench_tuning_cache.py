@@ -52,8 +52,8 @@ def first_step(cache_dir: str) -> dict:
 
 
 def main() -> None:
-    import torch
-    import triton
+    sys.path.insert(0, ROOT)
+    from bench.harness import environment
 
     with tempfile.TemporaryDirectory() as d:
         first_step(tempfile.mkdtemp())  # compile every kernel once so both runs below find them compiled
@@ -64,8 +64,7 @@ def main() -> None:
     for name, r in rows.items():
         print(f"{name:6} {r['first_step_s']:13.3f} {r['shapes_tuned']:13d} {r['stored_hits']:12d}")
     print(f"speed-up of the first step: {cold['first_step_s'] / warm['first_step_s']:.1f}x")
-    result = {"bench": "tuning_cache", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "triton": triton.__version__, "rows": rows}
+    result = {"name": "tuning_cache", **environment(), "rows": rows}
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
     with open(os.path.join(ROOT, "bench", "results", "tuning_cache.json"), "w") as f:
         json.dump(result, f, indent=1)

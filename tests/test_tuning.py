@@ -176,3 +176,15 @@ def test_autotune_command_persists_for_the_next_process(tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     counts = json.loads(second.stdout.strip().splitlines()[-1])
     assert counts["tuned"] == 0 and counts["hits"] >= 1
+
+
+@pytest.mark.parametrize("op,shape", [("gemm", (5, 7, 9)), ("softmax", (4, 33)), ("cross_entropy", (6, 11)),
+                                      ("sum", (3, 70)), ("add", (4, 5))])
+def test_autotune_recipes_compute_what_their_torch_column_computes(op, shape):
+    import ge2
+    from ge2 import autotune
+
+    ge2_fn, torch_fn = autotune.RECIPES[op][1](shape, torch.float32, ge2.device())
+    out = ge2_fn()
+    out = out[0] if isinstance(out, tuple) else out
+    assert torch.allclose(out, torch_fn(), rtol=1e-4, atol=1e-5)
