@@ -229,3 +229,15 @@ def test_grad_mode_decorator_is_reentrant():
 
     ge2.set_grad_enabled(True)
     assert not f().requires_grad and not f().requires_grad and ge2.is_grad_enabled()
+
+
+def test_inplace_on_an_input_saved_as_a_view_raises():
+    # Linear saves x.reshape(-1, in): a view of x. Writing x in place must still be caught.
+    x = ge2.from_torch(randn(2, 3, 4), requires_grad=True)
+    h = x * 1.0
+    w = leaf(5, 4)
+    y = ge2.nn.functional.linear(h, w).sum()
+    with ge2.no_grad():
+        h.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+        y.backward()

@@ -12,6 +12,11 @@ import torch
 from ge2.autograd import grad_mode
 
 
+def _root(t: torch.Tensor) -> torch.Tensor:
+    """The tensor that owns ``t``'s memory (``t`` itself unless it is a view)."""
+    return t._base if t._base is not None else t
+
+
 class Version:
     """A counter shared by a tensor and its views, bumped by every in-place write."""
 
@@ -58,13 +63,13 @@ class Context:
         return self._saved  # type: ignore[return-value]
 
     def _track_versions(self, tensors: list[Any]) -> None:
-        # Saved tensors that are inputs or outputs of the op can be modified later through their
-        # ge2 Tensor; remember the version they had when saved.
-        by_id = {id(t.data): t for t in tensors}
-        self._versions = [
-            (by_id[id(s)]._version_counter, by_id[id(s)]._version_counter.value) if id(s) in by_id else None
-            for s in (self._saved or ())
-        ]
+        # Saved tensors that are inputs or outputs of the op (or views of them, e.g. x.reshape)
+        # can be modified later through their ge2 Tensor; remember the version they had when saved.
+        by_root = {id(_root(t.data)): t for t in tensors}
+        self._versions = []
+        for s in self._saved or ():
+            owner = by_root.get(id(_root(s))) if s is not None else None
+            self._versions.append((owner._version_counter, owner._version_counter.value) if owner is not None else None)
 
     def _release(self) -> None:
         self._saved = None

@@ -12,7 +12,7 @@ import torch
 
 from ge2 import runtime
 from ge2.autograd import grad_mode
-from ge2.autograd.function import Node, Version
+from ge2.autograd.function import Node, Version, _root
 
 
 class Tensor:
@@ -38,10 +38,9 @@ class Tensor:
         t.data, t.grad, t.grad_fn, t._out_idx = data, None, node, idx
         t._requires_grad = node is not None
         # A view shares its base's version counter, so writing through either is seen by both.
-        root = data._base if data._base is not None else data
+        root = _root(data)
         for x in inputs:
-            xr = x.data._base if x.data._base is not None else x.data
-            if xr is root:
+            if _root(x.data) is root:
                 t._version_counter = x._version_counter
                 break
         else:
