@@ -1,0 +1,77 @@
+"""Host cost of one op: microseconds of Python per call on the repeated path, ge2 vs torch (issue 7).
+
+Each case is called N times back to back without synchronising (the GPU queue absorbs the
+kernels; the host loop is what is timed), after a warm-up that compiles and tunes everything.
+Cases: a tiny elementwise add, a tiny Linear+relu forward, and its forward+backward. Writes
+bench/results/launch.json. On the interpreter the numbers include running the kernels and mean
+nothing; run on a GPU.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import ge2  # noqa: E402
+import ge2.nn.functional as F  # noqa: E402
+from bench.harness import RESULTS_DIR, environment  # noqa: E402
+
+
+def host_us(fn, n: int) -> float:
+    """Median over 5 rounds of the host time per call (µs) of ``n`` back-to-back calls."""
+    for _ in range(3):
+        fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    rounds = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        rounds.append((time.perf_counter() - t0) / n * 1e6)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    return sorted(rounds)[2]
+
+
+def main() -> None:
+    n = 200 if torch.cuda.is_available() else 3
+    dev = ge2.device()
+    xt = torch.randn(64, 128, device=dev)
+    wt = torch.randn(64, 128, device=dev) * 0.1
+    bt = torch.zeros(64, device=dev)
+    x, w, b = ge2.from_torch(xt), ge2.from_torch(wt, requires_grad=True), ge2.from_torch(bt, requires_grad=True)
+    wr, br = wt.clone().requires_grad_(), bt.clone().requires_grad_()
+
+    def ge2_fwd_bwd():
+        F.linear(x, w, b, activation="relu").sum().backward()
+
+    def torch_fwd_bwd():
+        torch.relu(torch.nn.functional.linear(xt, wr, br)).sum().backward()
+
+    cases = {
+        "add 64x128": (lambda: x + x, lambda: xt + xt),
+        "linear+relu fwd 64x128->64": (lambda: F.linear(x, w, b, activation="relu"),
+                                        lambda: torch.relu(torch.nn.functional.linear(xt, wt, bt))),
+        "linear+relu fwd+bwd (+sum)": (ge2_fwd_bwd, torch_fwd_bwd),
+    }
+    rows = []
+    print(f"{'case':30} {'ge2 us':>9} {'torch us':>9} {'ge2/torch':>9}")
+    for name, (g, t) in cases.items():
+        with ge2.no_grad() if "bwd" not in name else ge2.enable_grad():
+            gu = host_us(g, n)
+        tu = host_us(t, n)
+        rows.append({"case": name, "ge2_us": gu, "torch_us": tu, "ratio": gu / tu})
+        print(f"{name:30} {gu:9.1f} {tu:9.1f} {gu / tu:9.2f}")
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    (RESULTS_DIR / "launch.json").write_text(json.dumps({"name": "launch", **environment(), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
