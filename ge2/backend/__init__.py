@@ -22,4 +22,5 @@ from ge2.backend.schema import Schema, TensorArg  # noqa: F401
 from ge2.backend import elementwise, reduction, gemm  # noqa: F401,E402
 from ge2.backend import norm, dropout, embedding, optim  # noqa: F401,E402
 from ge2.backend import softmax, losses  # noqa: F401,E402
+from ge2.backend import conv, pool  # noqa: F401,E402
 from ge2.backend import torch_backend  # noqa: F401,E402

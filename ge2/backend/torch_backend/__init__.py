@@ -6,3 +6,4 @@ unless the user asks for ``ge2.use_backend("torch")``.
 from ge2.backend.torch_backend import elementwise, reduction, gemm  # noqa: F401
 from ge2.backend.torch_backend import softmax, losses  # noqa: F401
 from ge2.backend.torch_backend import norm, dropout, embedding, optim  # noqa: F401,E402
+from ge2.backend.torch_backend import conv, pool  # noqa: F401,E402

@@ -1,0 +1,332 @@
+"""2-D pooling: max (with int64 argmax indices), average and adaptive average; forward and backward.
+
+Every kernel gives one output element per lane: program i takes a BLOCK of flat output indices,
+decoded in the tensor's own layout order ((n, p, q, c) for NHWC, (n, c, p, q) for NCHW) so that
+neighbouring lanes touch neighbouring addresses, and loops over the window. Tensors are read and
+written through their strides.
+
+Backward is a gather over the input, not a scatter of the output gradient: input pixel h is in
+window p through tap r exactly when p*stride = h + pad - r*dilation, so each input lane visits
+its (at most R*S) windows in a fixed order and sums their gradients. Overlapping windows are
+therefore correct and deterministic without atomics. max_pool2d's backward adds gY[p, q] where
+the saved argmax of window (p, q) equals the lane's own flat index h*W + w (torch's convention).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ge2 import runtime
+from ge2.kernels.conv import empty_like_layout, is_channels_last
+
+# Memory-bound: 1-4 K lanes per program, 4-8 warps (Hopper); the interpreter runs the first.
+CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((256, 4), (512, 4), (1024, 4), (1024, 8), (2048, 8))]
+INTERPRETER_CONFIG = triton.Config({"BLOCK": 256}, num_warps=4)
+_KEY = ["total", "R", "S", "CHANNELS_LAST"]
+
+
+@triton.jit
+def _coords(offs, C, P, Q, CHANNELS_LAST: tl.constexpr):
+    """(n, c, p, q) of flat indices ``offs`` into an [N, C, P, Q] tensor stored NHWC or NCHW."""
+    if CHANNELS_LAST:
+        c = offs % C
+        q = (offs // C) % Q
+        p = (offs // (C * Q)) % P
+        n = offs // (C * Q * P)
+    else:
+        q = offs % Q
+        p = (offs // Q) % P
+        c = (offs // (P * Q)) % C
+        n = offs // (P * Q * C)
+    return n, c, p, q
+
+
+@triton.jit
+def _window_of(h, pad, tap, dil, stride, P):
+    """(p, ok): the window p whose tap ``tap`` reads row h (p*stride == h + pad - tap*dil, 0 <= p < P)."""
+    num = h + pad - tap * dil
+    ok = num >= 0
+    num = tl.where(ok, num, 0)  # keeps // away from negatives
+    p = num // stride
+    return p, ok & (p * stride == num) & (p < P)
+
+
+@runtime.autotune(CONFIGS, key=_KEY, default=INTERPRETER_CONFIG)
+@triton.jit
+def max_pool2d_fwd_kernel(
+    x_ptr, y_ptr, idx_ptr, total, C, H, W, P, Q, R, S,
+    sxn, sxc, sxh, sxw, syn, syc, syp, syq,
+    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+    CHANNELS_LAST: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Y[n, c, p, q] = max over the window, and its flat index h*W + w (int64)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < total
+    n, c, p, q = _coords(offs, C, P, Q, CHANNELS_LAST)
+    base = x_ptr + n * sxn + c * sxc
+    best = tl.full((BLOCK,), float("-inf"), tl.float32)
+    best_idx = tl.full((BLOCK,), -1, tl.int64)
+    for r in range(0, R):
+        h = p * stride_h - pad_h + r * dil_h
+        h_ok = mask & (h >= 0) & (h < H)
+        for s in range(0, S):
+            w = q * stride_w - pad_w + s * dil_w
+            ok = h_ok & (w >= 0) & (w < W)
+            v = tl.load(base + h * sxh + w * sxw, mask=ok, other=float("-inf")).to(tl.float32)
+            # torch's rule: a larger value or a NaN takes over; the first in-bounds tap starts it.
+            take = ok & ((v > best) | (v != v) | (best_idx < 0))
+            best = tl.where(take, v, best)
+            best_idx = tl.where(take, h * W + w, best_idx)
+    out = n * syn + c * syc + p * syp + q * syq
+    tl.store(y_ptr + out, best.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(idx_ptr + out, best_idx, mask=mask)
+
+
+@runtime.autotune(CONFIGS, key=_KEY, default=INTERPRETER_CONFIG)
+@triton.jit
+def max_pool2d_bwd_kernel(
+    gy_ptr, idx_ptr, dx_ptr, total, C, H, W, P, Q, R, S,
+    sgn, sgc, sgp, sgq, sin, sic, sip, siq, sxn, sxc, sxh, sxw,
+    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+    CHANNELS_LAST: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """dX[n, c, h, w] = sum of gY over the windows whose argmax is (h, w), gathered in tap order."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < total
+    n, c, h, w = _coords(offs, C, H, W, CHANNELS_LAST)
+    me = h * W + w
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for r in range(0, R):
+        p, p_ok = _window_of(h, pad_h, r, dil_h, stride_h, P)
+        for s in range(0, S):
+            q, q_ok = _window_of(w, pad_w, s, dil_w, stride_w, Q)
+            ok = mask & p_ok & q_ok
+            idx = tl.load(idx_ptr + n * sin + c * sic + p * sip + q * siq, mask=ok, other=-1)
+            g = tl.load(gy_ptr + n * sgn + c * sgc + p * sgp + q * sgq, mask=ok & (idx == me), other=0.0)
+            acc += g.to(tl.float32)
+    tl.store(dx_ptr + n * sxn + c * sxc + h * sxh + w * sxw, acc.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _avg_window(p, stride, pad, R, H):
+    """(first row, end row, padded size) of avg-pool window p, as torch computes them."""
+    start = p * stride - pad
+    end = tl.minimum(start + R, H + pad)
+    size = end - start
+    return tl.maximum(start, 0), tl.minimum(end, H), size
+
+
+@triton.jit
+def _avg_divisor(p, q, stride_h, stride_w, pad_h, pad_w, R, S, H, W,
+                 DIVISOR: tl.constexpr, COUNT_INCLUDE_PAD: tl.constexpr):
+    """The divisor of avg-pool window (p, q): divisor_override, the padded size, or the in-bounds count."""
+    hs, he, size_h = _avg_window(p, stride_h, pad_h, R, H)
+    ws, we, size_w = _avg_window(q, stride_w, pad_w, S, W)
+    if COUNT_INCLUDE_PAD:
+        count = size_h * size_w
+    else:
+        count = (he - hs) * (we - ws)
+    if DIVISOR > 0:  # divisor_override (a constexpr: it is rare and one value per model)
+        count = tl.full(count.shape, DIVISOR, count.dtype)
+    return tl.maximum(count, 1).to(tl.float32), hs, he, ws, we
+
+
+@runtime.autotune(CONFIGS, key=_KEY, default=INTERPRETER_CONFIG)
+@triton.jit
+def avg_pool2d_fwd_kernel(
+    x_ptr, y_ptr, total, C, H, W, P, Q, R, S,
+    sxn, sxc, sxh, sxw, syn, syc, syp, syq,
+    stride_h, stride_w, pad_h, pad_w,
+    DIVISOR: tl.constexpr, COUNT_INCLUDE_PAD: tl.constexpr, CHANNELS_LAST: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Y[n, c, p, q] = sum over the in-bounds window / divisor (0 for a window wholly in the padding)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < total
+    n, c, p, q = _coords(offs, C, P, Q, CHANNELS_LAST)
+    divisor, hs, he, ws, we = _avg_divisor(p, q, stride_h, stride_w, pad_h, pad_w, R, S, H, W,
+                                           DIVISOR, COUNT_INCLUDE_PAD)
+    base = x_ptr + n * sxn + c * sxc
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for r in range(0, R):
+        h = p * stride_h - pad_h + r
+        h_ok = mask & (h >= hs) & (h < he)
+        for s in range(0, S):
+            w = q * stride_w - pad_w + s
+            ok = h_ok & (w >= ws) & (w < we)
+            acc += tl.load(base + h * sxh + w * sxw, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + n * syn + c * syc + p * syp + q * syq, (acc / divisor).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@runtime.autotune(CONFIGS, key=_KEY, default=INTERPRETER_CONFIG)
+@triton.jit
+def avg_pool2d_bwd_kernel(
+    gy_ptr, dx_ptr, total, C, H, W, P, Q, R, S,
+    sgn, sgc, sgp, sgq, sxn, sxc, sxh, sxw,
+    stride_h, stride_w, pad_h, pad_w,
+    DIVISOR: tl.constexpr, COUNT_INCLUDE_PAD: tl.constexpr, CHANNELS_LAST: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """dX[n, c, h, w] = sum over the windows holding (h, w) of gY / divisor, gathered in tap order."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < total
+    n, c, h, w = _coords(offs, C, H, W, CHANNELS_LAST)
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for r in range(0, R):
+        p, p_ok = _window_of(h, pad_h, r, 1, stride_h, P)
+        for s in range(0, S):
+            q, q_ok = _window_of(w, pad_w, s, 1, stride_w, Q)
+            ok = mask & p_ok & q_ok
+            divisor, _hs, _he, _ws, _we = _avg_divisor(p, q, stride_h, stride_w, pad_h, pad_w, R, S, H, W,
+                                                       DIVISOR, COUNT_INCLUDE_PAD)
+            g = tl.load(gy_ptr + n * sgn + c * sgc + p * sgp + q * sgq, mask=ok, other=0.0).to(tl.float32)
+            acc += g / divisor
+    tl.store(dx_ptr + n * sxn + c * sxc + h * sxh + w * sxw, acc.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _adaptive_window(p, P, H):
+    """[start, end) of adaptive window p of P over H rows: floor(p*H/P) .. ceil((p+1)*H/P)."""
+    return (p * H) // P, ((p + 1) * H + P - 1) // P
+
+
+@runtime.autotune(CONFIGS, key=_KEY, default=INTERPRETER_CONFIG)
+@triton.jit
+def adaptive_avg_pool2d_fwd_kernel(
+    x_ptr, y_ptr, total, C, H, W, P, Q, R, S,
+    sxn, sxc, sxh, sxw, syn, syc, syp, syq,
+    CHANNELS_LAST: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Y[n, c, p, q] = mean of X over adaptive window (p, q); R x S bounds every window's size."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < total
+    n, c, p, q = _coords(offs, C, P, Q, CHANNELS_LAST)
+    hs, he = _adaptive_window(p, P, H)
+    ws, we = _adaptive_window(q, Q, W)
+    base = x_ptr + n * sxn + c * sxc
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for r in range(0, R):
+        h = hs + r
+        h_ok = mask & (h < he)
+        for s in range(0, S):
+            w = ws + s
+            acc += tl.load(base + h * sxh + w * sxw, mask=h_ok & (w < we), other=0.0).to(tl.float32)
+    count = ((he - hs) * (we - ws)).to(tl.float32)
+    tl.store(y_ptr + n * syn + c * syc + p * syp + q * syq, (acc / count).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@runtime.autotune(CONFIGS, key=_KEY, default=INTERPRETER_CONFIG)
+@triton.jit
+def adaptive_avg_pool2d_bwd_kernel(
+    gy_ptr, dx_ptr, total, C, H, W, P, Q, R, S,
+    sgn, sgc, sgp, sgq, sxn, sxc, sxh, sxw,
+    CHANNELS_LAST: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """dX[n, c, h, w] = sum over the adaptive windows holding (h, w) of gY / window size.
+
+    Row h lies in windows floor(h*P/H) .. floor(h*P/H) + R - 1 at most (R = P // H + 2).
+    """
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < total
+    n, c, h, w = _coords(offs, C, H, W, CHANNELS_LAST)
+    p0 = (h * P) // H
+    q0 = (w * Q) // W
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for i in range(0, R):
+        p = p0 + i
+        hs, he = _adaptive_window(p, P, H)
+        p_ok = mask & (p < P) & (hs <= h) & (h < he)
+        for j in range(0, S):
+            q = q0 + j
+            ws, we = _adaptive_window(q, Q, W)
+            ok = p_ok & (q < Q) & (ws <= w) & (w < we)
+            g = tl.load(gy_ptr + n * sgn + c * sgc + p * sgp + q * sgq, mask=ok, other=0.0).to(tl.float32)
+            acc += g / ((he - hs) * (we - ws)).to(tl.float32)
+    tl.store(dx_ptr + n * sxn + c * sxc + h * sxh + w * sxw, acc.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launchers. Geometry (kernel, stride, padding, dilation as (h, w) pairs, output size) comes
+# normalised and checked from ``ge2.backend.pool``.
+# ---------------------------------------------------------------------------------------------
+
+
+def _empty(shape, channels_last: bool, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    return torch.empty(tuple(shape), dtype=dtype, device=device, memory_format=fmt)
+
+
+def _grid(total: int):
+    return lambda meta: (triton.cdiv(total, meta["BLOCK"]),)
+
+
+def max_pool2d(x: torch.Tensor, kernel, stride, padding, dilation, out_hw) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Y [N, C, P, Q] in x's layout, int64 argmax indices h*W + w of the same shape and layout)."""
+    Nb, C, H, W = x.shape
+    y = empty_like_layout((Nb, C, *out_hw), x)
+    idx = empty_like_layout((Nb, C, *out_hw), x, torch.int64)
+    if y.numel():
+        max_pool2d_fwd_kernel[_grid(y.numel())](
+            x, y, idx, y.numel(), C, H, W, *out_hw, *kernel, *x.stride(), *y.stride(),
+            *stride, *padding, *dilation, CHANNELS_LAST=is_channels_last(y))
+    return y, idx
+
+
+def max_pool2d_backward(gy: torch.Tensor, idx: torch.Tensor, x_shape, kernel, stride, padding, dilation,
+                        channels_last: bool) -> torch.Tensor:
+    """dX [N, C, H, W] in NHWC if ``channels_last`` else NCHW from gY and the forward's argmax indices."""
+    Nb, C, H, W = x_shape
+    dx = _empty(x_shape, channels_last, gy.dtype, gy.device)
+    if dx.numel():
+        max_pool2d_bwd_kernel[_grid(dx.numel())](
+            gy, idx, dx, dx.numel(), C, H, W, gy.shape[2], gy.shape[3], *kernel, *gy.stride(), *idx.stride(),
+            *dx.stride(), *stride, *padding, *dilation, CHANNELS_LAST=is_channels_last(dx))
+    return dx
+
+
+def avg_pool2d(x: torch.Tensor, kernel, stride, padding, out_hw, count_include_pad: bool,
+               divisor_override: int | None) -> torch.Tensor:
+    """Y [N, C, P, Q] in x's layout."""
+    Nb, C, H, W = x.shape
+    y = empty_like_layout((Nb, C, *out_hw), x)
+    if y.numel():
+        avg_pool2d_fwd_kernel[_grid(y.numel())](
+            x, y, y.numel(), C, H, W, *out_hw, *kernel, *x.stride(), *y.stride(), *stride, *padding,
+            DIVISOR=int(divisor_override or 0), COUNT_INCLUDE_PAD=bool(count_include_pad), CHANNELS_LAST=is_channels_last(y))
+    return y
+
+
+def avg_pool2d_backward(gy: torch.Tensor, x_shape, kernel, stride, padding, count_include_pad: bool,
+                        divisor_override: int | None, channels_last: bool) -> torch.Tensor:
+    """dX [N, C, H, W] in NHWC if ``channels_last`` else NCHW."""
+    Nb, C, H, W = x_shape
+    dx = _empty(x_shape, channels_last, gy.dtype, gy.device)
+    if dx.numel():
+        avg_pool2d_bwd_kernel[_grid(dx.numel())](
+            gy, dx, dx.numel(), C, H, W, gy.shape[2], gy.shape[3], *kernel, *gy.stride(), *dx.stride(),
+            *stride, *padding, DIVISOR=int(divisor_override or 0), COUNT_INCLUDE_PAD=bool(count_include_pad),
+            CHANNELS_LAST=is_channels_last(dx))
+    return dx
+
+
+def adaptive_avg_pool2d(x: torch.Tensor, out_hw) -> torch.Tensor:
+    """Y [N, C, P, Q] in x's layout: the mean of each adaptive window."""
+    Nb, C, H, W = x.shape
+    P, Q = out_hw
+    y = empty_like_layout((Nb, C, P, Q), x)
+    if y.numel():
+        adaptive_avg_pool2d_fwd_kernel[_grid(y.numel())](
+            x, y, y.numel(), C, H, W, P, Q, H // P + 2, W // Q + 2, *x.stride(), *y.stride(),
+            CHANNELS_LAST=is_channels_last(y))
+    return y
+
+
+def adaptive_avg_pool2d_backward(gy: torch.Tensor, x_shape, channels_last: bool) -> torch.Tensor:
+    """dX [N, C, H, W] in NHWC if ``channels_last`` else NCHW."""
+    Nb, C, H, W = x_shape
+    P, Q = gy.shape[2], gy.shape[3]
+    dx = _empty(x_shape, channels_last, gy.dtype, gy.device)
+    if dx.numel():
+        adaptive_avg_pool2d_bwd_kernel[_grid(dx.numel())](
+            gy, dx, dx.numel(), C, H, W, P, Q, P // H + 2, Q // W + 2, *gy.stride(), *dx.stride(),
+            CHANNELS_LAST=is_channels_last(dx))
+    return dx

@@ -1,0 +1,209 @@
+"""conv2d: forward and backward vs torch and a float64 reference, every option, both layouts, all dtypes."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import ge2
+import ge2.nn as nn
+import ge2.nn.functional as F
+from ge2.backend import call
+from ge2.kernels.conv import is_channels_last
+from ge2.testing import torch_op_guard
+from numerics import DEVICE, LARGE, assert_matches, randn
+
+# (N, C, H, W, K, (R, S), stride, padding, dilation, groups): odd sizes, every option somewhere.
+CASES = [
+    (2, 3, 7, 9, 5, (3, 3), 1, 1, 1, 1),
+    (1, 4, 8, 7, 6, (3, 2), 2, (1, 0), 2, 2),            # stride 2, dilation 2, grouped, pair padding
+    (2, 6, 5, 6, 6, (3, 3), 1, "same", 1, 6),            # depthwise
+    (3, 5, 6, 6, 4, (2, 2), (2, 1), "valid", 1, 1),
+    (1, 3, 6, 8, 4, (4, 4), 1, "same", (1, 2), 1),       # even kernel: asymmetric "same" padding
+    (2, 8, 9, 5, 4, (1, 1), (2, 3), 0, 1, 2),            # 1x1, strided, grouped
+    (2, 20, 5, 4, 18, (3, 3), 3, 2, 1, 1),               # C, K past one 16-wide block; stride 3
+    (1, 1, 1, 1, 1, (1, 1), 1, 0, 1, 1),                 # size-1 everything
+]
+LARGE_CASES = [
+    (8, 64, 56, 56, 64, (3, 3), 1, 1, 1, 1),
+    (8, 256, 14, 14, 256, (3, 3), 1, 1, 1, 1),
+    (16, 3, 32, 32, 64, (3, 3), 1, 1, 1, 1),
+    (8, 128, 28, 28, 128, (1, 1), 1, 0, 1, 1),
+    (8, 256, 28, 28, 256, (3, 3), 1, 1, 1, 256),
+    (8, 64, 56, 56, 128, (3, 3), 2, 1, 1, 1),
+]
+
+
+def _layout(x: torch.Tensor, layout: str) -> torch.Tensor:
+    if layout == "nhwc":
+        return x.contiguous(memory_format=torch.channels_last)
+    if layout == "strided":  # a non-dense view: every other column of a wider image
+        return torch.stack([x, -x], dim=4).reshape(*x.shape[:3], -1)[..., ::2]
+    return x
+
+
+def _check_conv(case, layout="nchw", dtype=torch.float32, bias=True, act=None, slope=0.01, seed=0):
+    """ge2's conv2d forward and x/W/b gradients vs torch in ``dtype`` and float64 on the CPU."""
+    N, C, H, W, K, (R, S), stride, padding, dilation, groups = case
+    x = _layout(randn(N, C, H, W, dtype=dtype, seed=seed), layout)
+    w = randn(K, C // groups, R, S, dtype=dtype, seed=seed + 1)
+    b = randn(K, dtype=dtype, seed=seed + 2) if bias else None
+    t_act = {None: lambda z: z, "relu": TF.relu, "gelu": TF.gelu, "leaky_relu": lambda z: TF.leaky_relu(z, slope),
+             "sigmoid": torch.sigmoid, "tanh": torch.tanh, "silu": TF.silu}[act]
+
+    def torch_conv(xt, wt, bt):
+        return t_act(TF.conv2d(xt, wt, bt, stride, padding, dilation, groups))
+
+    leaves = [t for t in (x, w, b) if t is not None]
+    ref = [t.detach().double().cpu().requires_grad_() for t in leaves]
+    tor = [t.detach().clone().requires_grad_() for t in leaves]
+    gen = [ge2.from_torch(t.detach().clone(), requires_grad=True) for t in leaves]
+    y64 = torch_conv(ref[0], ref[1], ref[2] if bias else None)
+    yt = torch_conv(tor[0], tor[1], tor[2] if bias else None)
+    yg = F.conv2d(gen[0], gen[1], gen[2] if bias else None, stride, padding, dilation, groups, act, slope)
+    assert tuple(yg.shape) == tuple(yt.shape) and yg.dtype == dtype
+    assert is_channels_last(yg.data) == is_channels_last(x)
+    assert_matches(yg.data, y64, yt, name="forward")
+    gy = randn(*yt.shape, seed=seed + 3).to(dtype)
+    y64.backward(gy.double().cpu())
+    yt.backward(gy)
+    yg.backward(ge2.from_torch(gy))
+    for name, g, t, r in zip(("x", "weight", "bias"), gen, tor, ref):
+        assert_matches(g.grad.data, r.grad, t.grad, name=f"grad {name}")
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc", "strided"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:5])) + f"-g{c[9]}")
+def test_conv2d_fp32_every_option(case, layout):
+    _check_conv(case, layout)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[2]], ids=["3x3", "strided-dilated-grouped", "depthwise"])
+def test_conv2d_half_dtypes(case, layout, dtype):
+    _check_conv(case, layout, dtype)
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu", "leaky_relu", "sigmoid", "tanh", "silu"])
+def test_conv2d_fused_activation(act):
+    _check_conv(CASES[1], "nhwc", act=act, slope=0.2, seed=5)
+
+
+def test_conv2d_no_bias_and_activation_without_bias():
+    _check_conv(CASES[0], "nchw", bias=False, seed=11)
+    _check_conv(CASES[3], "nhwc", bias=False, act="gelu", seed=12)
+
+
+def test_conv2d_weight_gradient_split_is_deterministic(monkeypatch):
+    # Small splits so that a tiny problem takes the split path: dW = fixed-order sum of partials.
+    from ge2.kernels import conv as K
+
+    monkeypatch.setattr(K, "DW_MIN_SPLIT", 32)
+    case = (2, 2, 8, 9, 3, (3, 3), 1, 1, 1, 1)
+    assert K._dw_splits(2 * 8 * 9, 1)[0] > 1
+    _check_conv(case, "nchw", seed=21)
+    x, w, gy = randn(2, 2, 8, 9, seed=22), randn(3, 2, 3, 3, seed=23), randn(2, 3, 8, 9, seed=24)
+    runs = [call("conv2d_backward", gy, x, w, padding=1, has_bias=True)[1:] for _ in range(2)]
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
+def test_conv2d_channels_last_weight_and_unbatched_input():
+    x, w, b = randn(3, 6, 5, seed=31), randn(4, 3, 2, 2, seed=32), randn(4, seed=33)
+    w_cl = w.contiguous(memory_format=torch.channels_last)
+    y = F.conv2d(ge2.from_torch(x), ge2.from_torch(w_cl), ge2.from_torch(b), padding=1)
+    y64 = TF.conv2d(x.double(), w.double(), b.double(), padding=1)
+    assert_matches(y.data, y64, TF.conv2d(x, w, b, padding=1))
+
+
+def test_conv2d_z_stash_rule():
+    x, w = randn(1, 2, 5, 5, seed=41), randn(3, 2, 3, 3, seed=42)
+    assert call("conv2d", x, w, act="relu", save_z=True)[1] is None  # relu' comes from y
+    y, z = call("conv2d", x, w, act="gelu", save_z=True)
+    assert z is not None
+    assert_matches(z, TF.conv2d(x.double(), w.double()), TF.conv2d(x, w), name="z")
+    assert call("conv2d", x, w, act="gelu")[1] is None
+
+
+def test_conv2d_backward_keeps_the_input_layout():
+    x = randn(2, 3, 5, 6, seed=45).contiguous(memory_format=torch.channels_last)
+    w = randn(4, 3, 3, 3, seed=46)
+    y, _ = call("conv2d", x, w, padding=1)
+    dx, dw, db = call("conv2d_backward", randn(2, 4, 5, 6, seed=47), x, w, padding=1, has_bias=True)
+    assert is_channels_last(y) and is_channels_last(dx) and dw.is_contiguous() and db.shape == (4,)
+
+
+@pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
+def test_conv2d_honours_matmul_precision(precision):
+    ge2.set_matmul_precision(precision)
+    x, w = randn(2, 5, 6, 6, seed=51), randn(7, 5, 3, 3, seed=52)
+    y = F.conv2d(ge2.from_torch(x), ge2.from_torch(w), padding=1)
+    y64 = TF.conv2d(x.double(), w.double(), padding=1)
+    # tf32 keeps 10 mantissa bits: ~1e-3 relative error at worst; the interpreter runs ieee.
+    tol = 2e-3 if precision == "tf32" and not ge2.is_interpreter() else 1e-5
+    assert (y.data.double().cpu() - y64).norm() / y64.norm() < tol
+
+
+def test_conv2d_errors_name_op_argument_and_shapes():
+    x, w = torch.ones(2, 4, 5, 5, device=DEVICE), torch.ones(6, 2, 3, 3, device=DEVICE)
+    with pytest.raises(ValueError, match=r"conv2d: channels must be divisible by groups=3: x \[2, 4, 5, 5\]"):
+        call("conv2d", x, torch.ones(6, 1, 3, 3, device=DEVICE), groups=3)
+    with pytest.raises(ValueError, match=r"conv2d: weight \[6, 2, 3, 3\] expects 2 channels per group x 1 groups"):
+        call("conv2d", x, w)
+    with pytest.raises(ValueError, match=r"kernel \(dilated 7x7\) is larger than the padded input 5x5"):
+        call("conv2d", x, torch.ones(6, 4, 7, 7, device=DEVICE))
+    with pytest.raises(ValueError, match=r"conv2d: weight must be 4-D, got shape \[6, 4\]"):
+        call("conv2d", x, torch.ones(6, 4, device=DEVICE))
+    with pytest.raises(TypeError, match="conv2d: x has dtype float32 but weight has bfloat16"):
+        call("conv2d", x, w.to(torch.bfloat16), groups=2)
+    with pytest.raises(ValueError, match="conv2d: weight is on meta but the other inputs are on"):
+        call("conv2d", x, torch.ones(6, 2, 3, 3, device="meta"), groups=2)
+    with pytest.raises(ValueError, match=r"conv2d: bias must be \[6\]"):
+        call("conv2d", x, w, torch.ones(5, device=DEVICE), groups=2)
+    with pytest.raises(ValueError, match="padding='same' needs stride 1"):
+        call("conv2d", x, w, groups=2, stride=2, padding="same")
+    with pytest.raises(ValueError, match="conv2d: stride must be >= 1"):
+        call("conv2d", x, w, groups=2, stride=0)
+    with pytest.raises(ValueError, match="conv2d: unknown activation 'swish'"):
+        call("conv2d", x, w, groups=2, act="swish")
+    with pytest.raises(ValueError, match=r"conv2d: weight must be 4-D \[K, C/groups, R, S\]"):
+        F.conv2d(ge2.from_torch(x), ge2.from_torch(torch.ones(6, 4, device=DEVICE)))
+    with pytest.raises(ValueError, match="Conv2d: in_channels=4 and out_channels=6 must be divisible by groups=4"):
+        nn.Conv2d(4, 6, 3, groups=4)
+
+
+def test_conv2d_layer_matches_torch_init_and_forward():
+    torch.manual_seed(3)
+    g = nn.Conv2d(3, 5, (3, 2), stride=(1, 2), padding=1, activation="relu")
+    torch.manual_seed(3)
+    t = torch.nn.Conv2d(3, 5, (3, 2), stride=(1, 2), padding=1).to(DEVICE)
+    assert torch.equal(g.weight.data, t.weight.data) and torch.equal(g.bias.data, t.bias.data)
+    x = randn(2, 3, 6, 7, seed=61)
+    y = g(ge2.from_torch(x))
+    t64 = TF.relu(TF.conv2d(x.double(), t.weight.double(), t.bias.double(), (1, 2), 1))
+    assert_matches(y.data, t64, TF.relu(t(x)))
+    assert "activation='relu'" in repr(g)
+
+
+def test_cnn_training_step_does_no_torch_math():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(4, 6, 3, padding="same", activation="gelu"), nn.AvgPool2d(2, ceil_mode=True),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 3))
+    opt = ge2.optim.SGD(model.parameters(), lr=0.1)
+    x = ge2.from_torch(randn(2, 1, 8, 8, seed=71))
+    labels = ge2.from_torch(torch.tensor([0, 2], device=DEVICE))
+    with torch_op_guard() as ops:
+        loss = nn.CrossEntropyLoss()(model(x), labels)
+        loss.backward()
+        opt.step()
+    assert sum(ops.values()) > 0
+    assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.skipif(not LARGE, reason="ResNet-sized shapes run on the GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("case", LARGE_CASES, ids=lambda c: "x".join(map(str, c[:5])) + f"-g{c[9]}")
+def test_conv2d_resnet_shapes(case, layout, dtype):
+    _check_conv(case, layout, dtype)
