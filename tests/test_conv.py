@@ -21,7 +21,7 @@ CASES = [
     (3, 5, 6, 6, 4, (2, 2), (2, 1), "valid", 1, 1),
     (1, 3, 6, 8, 4, (4, 4), 1, "same", (1, 2), 1),       # even kernel: asymmetric "same" padding
     (2, 8, 9, 5, 4, (1, 1), (2, 3), 0, 1, 2),            # 1x1, strided, grouped
-    (2, 20, 5, 4, 18, (3, 3), 3, 2, 1, 1),               # C, K past one 16-wide block; stride 3
+    (2, 20, 5, 4, 40, (3, 3), 3, 2, 1, 1),               # C past one K block, K past one N tile; stride 3
     (1, 1, 1, 1, 1, (1, 1), 1, 0, 1, 1),                 # size-1 everything
 ]
 LARGE_CASES = [
@@ -186,6 +186,8 @@ def test_conv2d_layer_matches_torch_init_and_forward():
 
 
 def test_cnn_training_step_does_no_torch_math():
+    if ge2.get_backend() == "torch":
+        pytest.skip("the torch oracle does arithmetic by design; the guard checks the triton path")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                           nn.Conv2d(4, 6, 3, padding="same", activation="gelu"), nn.AvgPool2d(2, ceil_mode=True),

@@ -78,9 +78,10 @@ CONFIGS_FP32 = [
     _cfg(64, 64, 32, 4, 4),
     _cfg(128, 32, 16, 4, 4),
 ]
-# The interpreter runs one pinned config, the smallest tl.dot allows (16 in every dim would be
-# slower per element there: more Python-level steps).
-INTERPRETER_CONFIG = _cfg(32, 32, 16, 4, 1, group_m=4)
+# The interpreter runs one pinned config. Its cost is per program and per step, nearly independent
+# of tile size, so M is 64 wide (an 8x8 MNIST-like batch of 64 takes 64 programs, not 128); K stays
+# 16 deep so that the tests' 20-channel case still walks two channel blocks.
+INTERPRETER_CONFIG = _cfg(64, 32, 16, 4, 1, group_m=4)
 
 
 def _prune(configs, named_args, **_kwargs):

@@ -20,9 +20,10 @@ import triton.language as tl
 from ge2 import runtime
 from ge2.kernels.conv import empty_like_layout, is_channels_last
 
-# Memory-bound: 1-4 K lanes per program, 4-8 warps (Hopper); the interpreter runs the first.
+# Memory-bound: 256-2048 lanes per program, 4-8 warps (Hopper). The interpreter's cost is per
+# program, so it takes 1024 lanes.
 CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((256, 4), (512, 4), (1024, 4), (1024, 8), (2048, 8))]
-INTERPRETER_CONFIG = triton.Config({"BLOCK": 256}, num_warps=4)
+INTERPRETER_CONFIG = triton.Config({"BLOCK": 1024}, num_warps=4)
 _KEY = ["total", "R", "S", "CHANNELS_LAST"]
 
 

@@ -1,0 +1,150 @@
+"""conv2d and pooling: ge2 vs torch/cuDNN in one process (issue 5).
+
+    PYTHONPATH=. python3 bench/bench_conv.py            # on a GPU; writes bench/results/conv.json
+    PYTHONPATH=. python3 bench/bench_conv.py --smoke    # tiny shapes, each function called once (CPU too)
+
+* conv2d forward and forward+backward (dX, dW) at the issue's (N, C, H, K, r) shapes, NCHW and NHWC,
+  fp32 and bf16, TFLOP/s (2*N*K*P*Q*C/groups*R*S a pass; fwd+bwd counts 3 passes) and the ratio
+  torch_ms / ge2_ms (> 1: ge2 faster). ``torch.backends.cudnn.benchmark = True``.
+  fp32 rows run twice: "tf32" (torch's default for cuDNN convs, ``cudnn.allow_tf32 = True``, vs
+  ``ge2.set_matmul_precision("tf32")``) and "ieee" (both exact fp32).
+* pooling: max_pool2d 3x3/2 (ResNet stem), avg_pool2d 2x2 and the global adaptive_avg_pool2d,
+  forward and backward, GB/s of the bytes each must move at least (read x once, write y once).
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as TF
+
+import ge2
+from ge2.backend import call
+
+PREDICTION = ("implicit GEMM without TMA or stride-phase splitting: forward ~0.6-0.9x cuDNN on the 3x3 "
+              "NHWC shapes, lower on NCHW (strided channel loads); dX with stride > 1 wastes the masked taps; "
+              "pooling near torch's bandwidth (one pass, coalesced in the layout's order)")
+
+# (N, C, H, K, r, groups, stride): the issue's shapes, and one strided ResNet downsampling layer.
+CONV_SHAPES = [
+    (64, 64, 56, 64, 3, 1, 1),
+    (64, 256, 14, 256, 3, 1, 1),
+    (128, 3, 32, 64, 3, 1, 1),
+    (64, 128, 28, 128, 1, 1, 1),
+    (64, 256, 28, 256, 3, 256, 1),
+    (64, 64, 56, 128, 3, 1, 2),
+]
+SMOKE_SHAPES = [(2, 4, 6, 5, 3, 1, 1), (2, 4, 6, 4, 3, 4, 1), (1, 3, 7, 4, 1, 1, 2)]
+
+
+class Smoke:
+    """Stands in for bench.harness.Bench: calls every function once, times nothing."""
+
+    def add(self, labels, *, flops=None, **fns):
+        for fn in fns.values():
+            if fn is not None:
+                fn()
+        print("ok", labels, flush=True)
+        return {}
+
+    def report(self, **extra):
+        print("smoke run: every case executed once")
+
+
+def _layout(t: torch.Tensor, layout: str) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last) if layout == "nhwc" else t.contiguous()
+
+
+def conv_cases(bench, shapes, device) -> None:
+    for N, C, H, K, r, groups, stride in shapes:
+        pad = r // 2
+        P = (H + 2 * pad - r) // stride + 1
+        flops = 2 * N * K * P * P * (C // groups) * r * r
+        for dtype, precision in ((torch.bfloat16, "-"), (torch.float32, "tf32"), (torch.float32, "ieee")):
+            ge2.set_matmul_precision("ieee" if precision == "-" else precision)
+            torch.backends.cudnn.allow_tf32 = precision == "tf32"
+            for layout in ("nchw", "nhwc"):
+                x = _layout(torch.randn(N, C, H, H, device=device, dtype=dtype), layout)
+                w = _layout(torch.randn(K, C // groups, r, r, device=device, dtype=dtype), layout)
+                gy = _layout(torch.randn(N, K, P, P, device=device, dtype=dtype), layout)
+                geo = dict(stride=stride, padding=pad, groups=groups)
+                labels = {"case": "conv2d", "shape": f"N{N} C{C} H{H} K{K} r{r} g{groups} s{stride}",
+                          "dtype": str(dtype).replace("torch.", ""), "precision": precision, "layout": layout}
+                bench.add({**labels, "pass": "fwd"}, flops=flops,
+                          ge2=lambda: call("conv2d", x, w, **geo),
+                          torch=lambda: TF.conv2d(x, w, None, stride, pad, 1, groups))
+                xt, wt = x.clone().requires_grad_(), w.clone().requires_grad_()
+                bench.add({**labels, "pass": "fwd+bwd"}, flops=3 * flops,
+                          ge2=lambda: (call("conv2d", x, w, **geo), call("conv2d_backward", gy, x, w, **geo)),
+                          torch=lambda: torch.autograd.grad(TF.conv2d(xt, wt, None, stride, pad, 1, groups),
+                                                            (xt, wt), gy))
+    ge2.set_matmul_precision("ieee")
+    torch.backends.cudnn.allow_tf32 = True
+
+
+def _gbps(row, nbytes: int) -> None:
+    for key in ("ge2", "torch"):
+        if row.get(f"{key}_ms"):
+            row[f"{key}_GBps"] = nbytes / row[f"{key}_ms"] / 1e6
+
+
+def pool_cases(bench, small: bool, device) -> None:
+    cases = [("max_pool2d 3x3/2", (2, 3, 9, 9) if small else (64, 64, 112, 112)),
+             ("avg_pool2d 2x2", (2, 3, 8, 8) if small else (64, 256, 56, 56)),
+             ("adaptive_avg_pool2d 1x1", (2, 3, 5, 5) if small else (64, 2048, 7, 7))]
+    for dtype in (torch.float32, torch.bfloat16):
+        for layout in ("nchw", "nhwc"):
+            for name, shape in cases:
+                x = _layout(torch.randn(shape, device=device, dtype=dtype), layout)
+                if name.startswith("max"):
+                    fwd_g = lambda: call("max_pool2d", x, kernel_size=3, stride=2, padding=1)
+                    fwd_t = lambda: TF.max_pool2d(x, 3, 2, 1, return_indices=True)
+                    y, idx = fwd_g()
+                    bwd_g = lambda: call("max_pool2d_backward", y, idx, input_size=tuple(x.shape), kernel_size=3,
+                                         stride=2, padding=1, channels_last=layout == "nhwc")
+                    torch_fn = lambda t: TF.max_pool2d(t, 3, 2, 1)
+                elif name.startswith("avg"):
+                    fwd_g = lambda: call("avg_pool2d", x, kernel_size=2)
+                    fwd_t = lambda: TF.avg_pool2d(x, 2)
+                    y = fwd_g()
+                    bwd_g = lambda: call("avg_pool2d_backward", y, input_size=tuple(x.shape), kernel_size=2,
+                                         channels_last=layout == "nhwc")
+                    torch_fn = lambda t: TF.avg_pool2d(t, 2)
+                else:
+                    fwd_g = lambda: call("adaptive_avg_pool2d", x, output_size=1)
+                    fwd_t = lambda: TF.adaptive_avg_pool2d(x, 1)
+                    y = fwd_g()
+                    bwd_g = lambda: call("adaptive_avg_pool2d_backward", y, input_size=tuple(x.shape),
+                                         channels_last=layout == "nhwc")
+                    torch_fn = lambda t: TF.adaptive_avg_pool2d(t, 1)
+                nbytes = (x.numel() + y.numel()) * x.element_size()
+                labels = {"case": name, "shape": "x".join(map(str, shape)), "dtype": str(dtype).replace("torch.", ""),
+                          "layout": layout}
+                _gbps(bench.add({**labels, "pass": "fwd"}, ge2=fwd_g, torch=fwd_t), nbytes)
+                xt = x.clone().requires_grad_()
+                yt = torch_fn(xt)
+                gy = torch.randn_like(yt)
+                _gbps(bench.add({**labels, "pass": "bwd"}, ge2=bwd_g,
+                                torch=lambda: torch.autograd.grad(yt, (xt,), gy, retain_graph=True)), nbytes)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, each function once, no timing")
+    args = parser.parse_args()
+    device = ge2.device()
+    torch.backends.cudnn.benchmark = True
+    if args.smoke:
+        bench = Smoke()
+    else:
+        from bench.harness import Bench
+
+        bench = Bench("conv")
+    print("prediction:", PREDICTION)
+    conv_cases(bench, SMOKE_SHAPES if args.smoke else CONV_SHAPES, device)
+    pool_cases(bench, args.smoke, device)
+    bench.report(prediction=PREDICTION)
+
+
+if __name__ == "__main__":
+    main()
