@@ -133,6 +133,20 @@ def test_conv2d_backward_keeps_the_input_layout():
     assert is_channels_last(y) and is_channels_last(dx) and dw.is_contiguous() and db.shape == (4,)
 
 
+def test_conv2d_backward_strided_gradient_with_one_output_column():
+    # gy [N, K, P, 1] sliced from a wider tensor: P and Q merge through P's stride, not Q's.
+    x, w = randn(2, 3, 6, 3, seed=48), randn(4, 3, 3, 3, seed=49)
+    gy = randn(2, 4, 6, 2, seed=50)[..., :1]
+    dx, dw, db = call("conv2d_backward", gy, x, w, padding=(1, 0), has_bias=True)
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    xt, wt = x.clone().requires_grad_(), w.clone().requires_grad_()
+    TF.conv2d(x64, w64, padding=(1, 0)).backward(gy.double())
+    TF.conv2d(xt, wt, padding=(1, 0)).backward(gy)
+    assert_matches(dx, x64.grad, xt.grad, name="grad x")
+    assert_matches(dw, w64.grad, wt.grad, name="grad weight")
+    assert_matches(db, gy.double().sum((0, 2, 3)), gy.sum((0, 2, 3)), name="grad bias")
+
+
 @pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
 def test_conv2d_honours_matmul_precision(precision):
     ge2.set_matmul_precision(precision)

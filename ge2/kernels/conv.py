@@ -344,9 +344,9 @@ def _dw_splits(L: int, tiles: int) -> tuple[int, int]:
 def _pixels_by_channels(gy: torch.Tensor) -> torch.Tensor:
     """gy [N, K, P, Q] as an [N, P*Q, K] view (copied to NHWC only if P, Q cannot merge)."""
     Nb, K, P, Q = gy.shape
-    if gy.stride(2) != Q * gy.stride(3) and P > 1:
+    if P > 1 and Q > 1 and gy.stride(2) != Q * gy.stride(3):
         gy = gy.contiguous(memory_format=torch.channels_last)
-    return gy.as_strided((Nb, P * Q, K), (gy.stride(0), gy.stride(3), gy.stride(1)))
+    return gy.as_strided((Nb, P * Q, K), (gy.stride(0), gy.stride(3) if Q > 1 else gy.stride(2), gy.stride(1)))
 
 
 def conv2d_backward(gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, saved: torch.Tensor | None,

@@ -197,7 +197,7 @@ def adaptive_avg_pool2d_fwd_kernel(
     sxn, sxc, sxh, sxw, syn, syc, syp, syq,
     CHANNELS_LAST: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """Y[n, c, p, q] = mean of X over adaptive window (p, q); R x S bounds every window's size."""
+    """Y[n, c, p, q] = mean of X over adaptive window (p, q); R x S is the largest window."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < total
     n, c, p, q = _coords(offs, C, P, Q, CHANNELS_LAST)
@@ -224,7 +224,7 @@ def adaptive_avg_pool2d_bwd_kernel(
 ):
     """dX[n, c, h, w] = sum over the adaptive windows holding (h, w) of gY / window size.
 
-    Row h lies in windows floor(h*P/H) .. floor(h*P/H) + R - 1 at most (R = P // H + 2).
+    Row h lies in windows floor(h*P/H) .. floor(h*P/H) + R - 1 at most (R: the most windows on one row).
     """
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < total
@@ -254,6 +254,17 @@ def adaptive_avg_pool2d_bwd_kernel(
 def _empty(shape, channels_last: bool, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     return torch.empty(tuple(shape), dtype=dtype, device=device, memory_format=fmt)
+
+
+def _adaptive_bounds(size: int, out: int) -> tuple[int, int]:
+    """(largest adaptive window, most windows holding one row) for ``out`` windows over ``size`` rows."""
+    starts = [(p * size) // out for p in range(out)]
+    ends = [-(-(p + 1) * size // out) for p in range(out)]
+    cover = [0] * size
+    for a, b in zip(starts, ends):
+        for h in range(a, b):
+            cover[h] += 1
+    return max(b - a for a, b in zip(starts, ends)), max(cover)
 
 
 def _grid(total: int):
@@ -315,8 +326,9 @@ def adaptive_avg_pool2d(x: torch.Tensor, out_hw) -> torch.Tensor:
     P, Q = out_hw
     y = empty_like_layout((Nb, C, P, Q), x)
     if y.numel():
+        window = (_adaptive_bounds(H, P)[0], _adaptive_bounds(W, Q)[0])
         adaptive_avg_pool2d_fwd_kernel[_grid(y.numel())](
-            x, y, y.numel(), C, H, W, P, Q, H // P + 2, W // Q + 2, *x.stride(), *y.stride(),
+            x, y, y.numel(), C, H, W, P, Q, *window, *x.stride(), *y.stride(),
             CHANNELS_LAST=is_channels_last(y))
     return y
 
@@ -327,7 +339,8 @@ def adaptive_avg_pool2d_backward(gy: torch.Tensor, x_shape, channels_last: bool)
     P, Q = gy.shape[2], gy.shape[3]
     dx = _empty(x_shape, channels_last, gy.dtype, gy.device)
     if dx.numel():
+        cover = (_adaptive_bounds(H, P)[1], _adaptive_bounds(W, Q)[1])
         adaptive_avg_pool2d_bwd_kernel[_grid(dx.numel())](
-            gy, dx, dx.numel(), C, H, W, P, Q, P // H + 2, Q // W + 2, *gy.stride(), *dx.stride(),
+            gy, dx, dx.numel(), C, H, W, P, Q, *cover, *gy.stride(), *dx.stride(),
             CHANNELS_LAST=is_channels_last(dx))
     return dx
