@@ -51,9 +51,16 @@ def _add(shape, dtype, dev):
     return lambda: backend.call("add", a, b), lambda: a + b
 
 
+def _conv2d(shape, dtype, dev):
+    n, c, h, k, r = shape  # the (N, C, H=W, K, R=S) of the conv bench; NCHW, "same" padding, bias + relu
+    x, w, b = (torch.randn(s, device=dev, dtype=dtype) for s in ((n, c, h, h), (k, c, r, r), (k,)))
+    out = lambda: backend.call("conv2d", x, w, b, padding=r // 2, act="relu")  # noqa: E731
+    return out, lambda: torch.relu(torch.nn.functional.conv2d(x, w, b, padding=r // 2))
+
+
 RECIPES: dict[str, tuple[int, Recipe]] = {  # op -> (dims a shape has, recipe)
     "gemm": (3, _gemm), "softmax": (2, _softmax), "cross_entropy": (2, _cross_entropy),
-    "sum": (2, _sum), "add": (2, _add),
+    "sum": (2, _sum), "add": (2, _add), "conv2d": (5, _conv2d),
 }
 
 
@@ -153,7 +160,8 @@ def print_table(rows: list[dict]) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--op", choices=sorted(RECIPES), help="the op to tune (with --dtype and --shapes)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    p.add_argument("--shapes", nargs="+", default=[], help="sizes joined by x, e.g. 4096x4096x4096 for gemm (MxNxK)")
+    p.add_argument("--shapes", nargs="+", default=[],
+                   help="sizes joined by x: MxNxK for gemm, MxN for softmax/cross_entropy/sum/add, NxCxHxKxR for conv2d")
     p.add_argument("--from-model", choices=("mlp", "cnn"), help="tune what one training step of this model runs")
     p.add_argument("--batch-size", type=int, default=64, help="batch size of the --from-model step")
     p.add_argument("--no-progress", dest="progress", action="store_false")

@@ -179,7 +179,7 @@ def test_autotune_command_persists_for_the_next_process(tmp_path):
 
 
 @pytest.mark.parametrize("op,shape", [("gemm", (5, 7, 9)), ("softmax", (4, 33)), ("cross_entropy", (6, 11)),
-                                      ("sum", (3, 70)), ("add", (4, 5))])
+                                      ("sum", (3, 70)), ("add", (4, 5)), ("conv2d", (2, 3, 6, 4, 3))])
 def test_autotune_recipes_compute_what_their_torch_column_computes(op, shape):
     import ge2
     from ge2 import autotune
