@@ -149,7 +149,11 @@ def test_conv2d_backward_strided_gradient_with_one_output_column():
 
 @pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
 def test_conv2d_honours_matmul_precision(precision):
+    from ge2.kernels.conv import _numerics
+
     ge2.set_matmul_precision(precision)
+    assert _numerics(torch.float32)["PRECISION"] == precision  # what tl.dot gets for fp32 operands
+    assert _numerics(torch.bfloat16)["PRECISION"] == "ieee"  # 16-bit: tensor cores, fp32 accumulation
     x, w = randn(2, 5, 6, 6, seed=51), randn(7, 5, 3, 3, seed=52)
     y = F.conv2d(ge2.from_torch(x), ge2.from_torch(w), padding=1)
     y64 = TF.conv2d(x.double(), w.double(), padding=1)

@@ -28,7 +28,8 @@ class Conv2d(Function):
                     save_z=from_z and any(ctx.needs_input_grad[:3]))
         saved = None if code == activations.NONE else z if from_z else y
         ctx.save_for_backward(x, weight, saved)
-        ctx.geometry, ctx.has_bias, ctx.act, ctx.act_alpha, ctx.from_z = geometry, bias is not None, act, act_alpha, from_z
+        ctx.geometry, ctx.has_bias, ctx.from_z = geometry, bias is not None, from_z
+        ctx.act, ctx.act_alpha = act, act_alpha
         return y
 
     @staticmethod

@@ -43,7 +43,8 @@ def _out_size(size: int, k: int, pad: int, stride: int, dil: int, ceil_mode: boo
 def pool_geometry(op: str, x_shape, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
     """(kernel, stride, padding, dilation, (P, Q)) as pairs, checked against x's shape."""
     k = _pair(op, "kernel_size", kernel_size, 1)
-    st = k if stride is None or (isinstance(stride, (tuple, list)) and len(stride) == 0) else _pair(op, "stride", stride, 1)
+    default_stride = stride is None or (isinstance(stride, (tuple, list)) and len(stride) == 0)  # torch: [] too
+    st = k if default_stride else _pair(op, "stride", stride, 1)
     pad = _pair(op, "padding", padding, 0)
     dil = _pair(op, "dilation", dilation, 1)
     for i, axis in enumerate("hw"):
@@ -83,7 +84,8 @@ defop("max_pool2d", Schema((TensorArg("x", POOL_DTYPES, ndim=(4,)),), _check_max
 
 @register("max_pool2d", "triton", dtypes=POOL_DTYPES)
 def max_pool2d(x, *, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
-    k, st, pad, dil, out = pool_geometry("max_pool2d", tuple(x.shape), kernel_size, stride, padding, dilation, ceil_mode)
+    k, st, pad, dil, out = pool_geometry("max_pool2d", tuple(x.shape), kernel_size, stride, padding, dilation,
+                                         ceil_mode)
     return K.max_pool2d(x, k, st, pad, dil, out)
 
 
@@ -164,8 +166,11 @@ def adaptive_output_size(op: str, x_shape, output_size) -> tuple[int, int]:
     return out
 
 
-defop("adaptive_avg_pool2d", Schema((TensorArg("x", POOL_DTYPES, ndim=(4,)),),
-                                    lambda op, x, *, output_size: adaptive_output_size(op, tuple(x.shape), output_size)))
+def _check_adaptive(op, x, *, output_size) -> None:
+    adaptive_output_size(op, tuple(x.shape), output_size)
+
+
+defop("adaptive_avg_pool2d", Schema((TensorArg("x", POOL_DTYPES, ndim=(4,)),), _check_adaptive))
 
 
 @register("adaptive_avg_pool2d", "triton", dtypes=POOL_DTYPES)

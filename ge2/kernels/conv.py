@@ -38,7 +38,8 @@ import triton.language as tl
 from ge2 import runtime
 from ge2.kernels import activations
 from ge2.kernels.activations import act_fwd
-from ge2.kernels.gemm import ROUND_TF32, _precision, _round_to_tf32, _tile_coords, bias_act_backward, sum_partials_kernel
+from ge2.kernels.gemm import (ROUND_TF32, _precision, _round_to_tf32, _tile_coords, bias_act_backward,
+                              sum_partials_kernel)
 
 
 class ConvGeometry(NamedTuple):
@@ -86,7 +87,8 @@ INTERPRETER_CONFIG = _cfg(64, 32, 16, 4, 1, group_m=4)
 
 def _prune(configs, named_args, **_kwargs):
     """Keep the configs that suit the operand width."""
-    wide = named_args["x_ptr"].element_size() <= 2 if "x_ptr" in named_args else named_args["gz_ptr"].element_size() <= 2
+    operand = named_args["x_ptr"] if "x_ptr" in named_args else named_args["gz_ptr"]
+    wide = operand.element_size() <= 2
     return [c for c in configs if (c in CONFIGS_16BIT) == wide] or configs[:1]
 
 

@@ -303,7 +303,8 @@ def avg_pool2d(x: torch.Tensor, kernel, stride, padding, out_hw, count_include_p
     if y.numel():
         avg_pool2d_fwd_kernel[_grid(y.numel())](
             x, y, y.numel(), C, H, W, *out_hw, *kernel, *x.stride(), *y.stride(), *stride, *padding,
-            DIVISOR=int(divisor_override or 0), COUNT_INCLUDE_PAD=bool(count_include_pad), CHANNELS_LAST=is_channels_last(y))
+            DIVISOR=int(divisor_override or 0), COUNT_INCLUDE_PAD=bool(count_include_pad),
+            CHANNELS_LAST=is_channels_last(y))
     return y
 
 
