@@ -39,7 +39,7 @@ from ge2 import runtime
 from ge2.kernels import activations
 from ge2.kernels.activations import act_fwd
 from ge2.kernels.gemm import (ROUND_TF32, _precision, _round_to_tf32, _tile_coords, bias_act_backward,
-                              sum_partials_kernel)
+                              sum_partials_kernel, tile_config)
 
 
 class ConvGeometry(NamedTuple):
@@ -59,30 +59,25 @@ class ConvGeometry(NamedTuple):
 # ---------------------------------------------------------------------------------------------
 
 
-def _cfg(bm: int, bn: int, bk: int, warps: int, stages: int, group_m: int = 8) -> triton.Config:
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m},
-                         num_warps=warps, num_stages=stages)
-
-
 CONFIGS_16BIT = [
-    _cfg(128, 128, 64, 8, 3),
-    _cfg(128, 64, 64, 4, 4),
-    _cfg(256, 64, 64, 8, 3),
-    _cfg(64, 128, 64, 4, 4),
-    _cfg(64, 64, 64, 4, 4),
-    _cfg(128, 32, 32, 4, 4),
+    tile_config(128, 128, 64, 8, 3),
+    tile_config(128, 64, 64, 4, 4),
+    tile_config(256, 64, 64, 8, 3),
+    tile_config(64, 128, 64, 4, 4),
+    tile_config(64, 64, 64, 4, 4),
+    tile_config(128, 32, 32, 4, 4),
 ]
 CONFIGS_FP32 = [
-    _cfg(128, 128, 32, 8, 3),
-    _cfg(128, 64, 32, 4, 4),
-    _cfg(64, 128, 32, 4, 4),
-    _cfg(64, 64, 32, 4, 4),
-    _cfg(128, 32, 16, 4, 4),
+    tile_config(128, 128, 32, 8, 3),
+    tile_config(128, 64, 32, 4, 4),
+    tile_config(64, 128, 32, 4, 4),
+    tile_config(64, 64, 32, 4, 4),
+    tile_config(128, 32, 16, 4, 4),
 ]
 # The interpreter runs one pinned config. Its cost is per program and per step, nearly independent
 # of tile size, so M is 64 wide (an 8x8 MNIST-like batch of 64 takes 64 programs, not 128); K stays
 # 16 deep so that the tests' 20-channel case still walks two channel blocks.
-INTERPRETER_CONFIG = _cfg(64, 32, 16, 4, 1, group_m=4)
+INTERPRETER_CONFIG = tile_config(64, 32, 16, 4, 1, group_m=4)
 
 
 def _prune(configs, named_args, **_kwargs):

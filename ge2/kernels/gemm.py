@@ -49,34 +49,36 @@ BIAS_KINDS: dict[str, int] = {"none": 0, "scalar": 1, "per_m": 2, "per_n": 3}
 # ---------------------------------------------------------------------------------------------
 
 
-def _cfg(bm: int, bn: int, bk: int, warps: int, stages: int, group_m: int = 8) -> triton.Config:
+def tile_config(bm: int, bn: int, bk: int, warps: int, stages: int, group_m: int = 8,
+                pre_hook=None) -> triton.Config:
+    """A GEMM-style tile config (also used by the implicit-GEMM conv kernels)."""
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m},
-                         num_warps=warps, num_stages=stages)
+                         num_warps=warps, num_stages=stages, pre_hook=pre_hook)
 
 
 CONFIGS_16BIT = [
-    _cfg(128, 256, 64, 8, 3),
-    _cfg(128, 128, 64, 8, 4),
-    _cfg(128, 128, 64, 4, 4),
-    _cfg(256, 128, 64, 8, 3),
-    _cfg(64, 128, 64, 4, 4),
-    _cfg(64, 64, 64, 4, 4),
+    tile_config(128, 256, 64, 8, 3),
+    tile_config(128, 128, 64, 8, 4),
+    tile_config(128, 128, 64, 4, 4),
+    tile_config(256, 128, 64, 8, 3),
+    tile_config(64, 128, 64, 4, 4),
+    tile_config(64, 64, 64, 4, 4),
 ]
 CONFIGS_FP32 = [
-    _cfg(128, 256, 32, 8, 3),
-    _cfg(128, 128, 32, 8, 4),
-    _cfg(128, 128, 32, 4, 4),
-    _cfg(64, 128, 32, 4, 4),
-    _cfg(64, 64, 32, 4, 4),
+    tile_config(128, 256, 32, 8, 3),
+    tile_config(128, 128, 32, 8, 4),
+    tile_config(128, 128, 32, 4, 4),
+    tile_config(64, 128, 32, 4, 4),
+    tile_config(64, 64, 32, 4, 4),
 ]
 # tf32: round operands to nearest before the tensor cores (cuBLAS's numerics); the bench turns
 # this off once to measure what the rounding costs.
 ROUND_TF32 = True
 # Problems under this many multiply-adds are launch-bound: one small config, no tuning.
 SMALL_PROBLEM = 1 << 24
-SMALL_CONFIG = _cfg(64, 64, 32, 4, 3)
+SMALL_CONFIG = tile_config(64, 64, 32, 4, 3)
 # The interpreter runs one pinned config: small enough to be quick on tiny test shapes.
-INTERPRETER_CONFIG = _cfg(32, 32, 32, 4, 1, group_m=4)
+INTERPRETER_CONFIG = tile_config(32, 32, 32, 4, 1, group_m=4)
 
 
 def _prune(configs, named_args, **_kwargs):
@@ -237,8 +239,7 @@ def _tma_block_shapes(nargs) -> None:
 
 
 def _tma_cfg(bm, bn, bk, warps, stages, group_m=8) -> triton.Config:
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m},
-                         num_warps=warps, num_stages=stages, pre_hook=_tma_block_shapes)
+    return tile_config(bm, bn, bk, warps, stages, group_m, pre_hook=_tma_block_shapes)
 
 
 TMA_CONFIGS_16BIT = [
