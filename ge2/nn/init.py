@@ -93,3 +93,12 @@ def kaiming_uniform_(t: Tensor, a: float = 0.0, mode: str = "fan_in", nonlineari
 def kaiming_normal_(t: Tensor, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu") -> Tensor:
     """N(0, std^2) with std = gain / sqrt(fan)."""
     return normal_(t, 0.0, calculate_gain(nonlinearity, a) / math.sqrt(_fan(t, mode)))
+
+
+def default_layer_init_(weight: Tensor, bias: Tensor | None) -> None:
+    """torch's default for Linear and Conv layers: kaiming_uniform_(a=√5) weights, U(±1/√fan_in) bias."""
+    kaiming_uniform_(weight, a=math.sqrt(5))
+    if bias is not None:
+        fan_in = _fans(weight)[0]
+        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+        uniform_(bias, -bound, bound)

@@ -1,8 +1,6 @@
 """``Linear`` (with an optional fused activation), ``Identity`` and ``Flatten``."""
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ge2 import runtime
@@ -39,10 +37,7 @@ class Linear(Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
-            init.uniform_(self.bias, -bound, bound)
+        init.default_layer_init_(self.weight, self.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return linear(x, self.weight, self.bias, self.activation, self.negative_slope)
