@@ -259,6 +259,17 @@ class Tensor:
         return self.to(other.dtype)
 
 
+def clear_grads(tensors, set_to_none: bool = True) -> None:
+    """Drop (set_to_none) or zero the ``.grad`` of each tensor: zero_grad of modules and optimizers."""
+    for t in tensors:
+        if t.grad is None:
+            continue
+        if set_to_none:
+            t.grad = None
+        else:
+            t.grad.data.zero_()
+
+
 def _check_inplace(t: Tensor, op: str) -> None:
     if t.requires_grad and t.is_leaf and grad_mode.is_grad_enabled():
         raise RuntimeError(

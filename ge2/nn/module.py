@@ -13,7 +13,7 @@ import torch
 
 from ge2 import runtime
 from ge2.autograd.grad_mode import no_grad
-from ge2.autograd.tensor import Tensor, parse_to_args
+from ge2.autograd.tensor import Tensor, clear_grads, parse_to_args
 from ge2.backend.schema import dtype_name, shape_str
 from ge2.nn.parameter import Parameter
 
@@ -185,13 +185,7 @@ class Module:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop (set_to_none) or zero every parameter's ``.grad``."""
-        for p in self.parameters():
-            if p.grad is None:
-                continue
-            if set_to_none:
-                p.grad = None
-            else:
-                p.grad.data.zero_()
+        clear_grads(self.parameters(), set_to_none)
 
     def to(self, *args: Any, **kwargs: Any) -> "Module":
         """Move parameters and buffers to a device and/or cast floating ones to a dtype, in place."""

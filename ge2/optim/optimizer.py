@@ -14,7 +14,7 @@ from typing import Any, Iterable
 import torch
 
 from ge2.autograd.grad_mode import no_grad
-from ge2.autograd.tensor import Tensor
+from ge2.autograd.tensor import Tensor, clear_grads
 from ge2.kernels import optim as K
 
 
@@ -115,14 +115,7 @@ class Optimizer:
     # ---- gradients ---------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop (set_to_none) or zero the ``.grad`` of every parameter."""
-        for g in self.param_groups:
-            for p in g["params"]:
-                if p.grad is None:
-                    continue
-                if set_to_none:
-                    p.grad = None
-                else:
-                    p.grad.data.zero_()
+        clear_grads((p for g in self.param_groups for p in g["params"]), set_to_none)
 
     def _with_grads(self) -> tuple[list[Tensor], list[torch.Tensor], list[int]]:
         params, grads, groups = [], [], []
