@@ -161,6 +161,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "steps_per_epoch": len(train_loader), "epochs": [], "step_losses": [],
         }
+
+        def train_step(x: ge2.Tensor, y: ge2.Tensor) -> ge2.Tensor:
+            loss = criterion(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+
+        step = train_step
+        if args.capture:
+            step = ge2.capture(train_step)
+            if device.type != "cuda":
+                print("note: --capture needs a GPU (CUDA graphs); on the CPU the steps run eagerly")
         print(f"ge2 train: {args.model} on {args.dataset} ({len(train_set)} train / {len(test_set)} test), "
               f"{args.optimizer} lr={lr:g}, batch {args.batch_size}, {args.epochs} epochs, {dev_name}, "
               f"{args.backend} backend")
@@ -170,12 +183,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                      args.progress)
             losses, seen = [], 0
             for i, (x, y) in enumerate(batches):
-                loss = criterion(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                sched.step()
-                losses.append(loss.detach())
+                loss = step(x, y)
+                sched.step()  # outside the step: a captured graph reads the lr from the device
+                losses.append(loss.detach().clone())  # a replay overwrites its output buffer
                 seen += y.shape[0]
                 if bar is not None and (i % 10 == 0 or i == len(train_loader) - 1):
                     bar.set_postfix(loss=f"{losses[-1].item():.4f}",
@@ -219,4 +229,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden", type=int, default=128, help="MLP hidden width (512 for the best test accuracy)")
     p.add_argument("--label-smoothing", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--capture", action="store_true",
+                   help="replay each training step from a CUDA graph (ge2.capture): one launch per step")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no tqdm progress bar")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ge2 import backend
+from ge2 import backend, graphs
 from ge2.autograd.function import Node
 from ge2.autograd.grad_mode import no_grad
 
@@ -27,8 +27,12 @@ def _accumulate(tensor: "Tensor", grad: torch.Tensor, owned: set[int]) -> None:
             grad = grad.clone(memory_format=torch.contiguous_format)
         owned.add(id(grad))
         tensor.grad = Tensor(grad)
+    elif graphs.is_capturing():
+        # A captured graph must accumulate into the buffer it read, so that every replay adds to it.
+        tensor.grad.data.copy_(backend.call("add", tensor.grad.data, grad))
     else:
         tensor.grad.data = backend.call("add", tensor.grad.data, grad)
+    graphs.note_grad(tensor)
 
 
 def _add(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:

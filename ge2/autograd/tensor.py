@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ge2 import runtime
+from ge2 import graphs, runtime
 from ge2.autograd import grad_mode
 from ge2.autograd.function import Node, Version, _root
 
@@ -169,17 +169,20 @@ class Tensor:
 
     def numpy(self):
         """A NumPy copy of the data (on the host)."""
+        graphs.check_not_capturing("Tensor.numpy()")
         if self.requires_grad:
             raise RuntimeError("numpy: tensor requires grad; call .detach().numpy()")
         return self.data.detach().cpu().numpy()
 
     def item(self) -> float | int | bool:
         """The value of a one-element tensor as a Python number (synchronises with the device)."""
+        graphs.check_not_capturing("Tensor.item()")
         if self.data.numel() != 1:
             raise ValueError(f"item: only one-element tensors can be converted, got shape {list(self.shape)}")
         return self.data.item()
 
     def tolist(self):
+        graphs.check_not_capturing("Tensor.tolist()")
         return self.data.detach().cpu().tolist()
 
     def __len__(self) -> int:
@@ -193,6 +196,7 @@ class Tensor:
         return (self[i] for i in range(self.data.shape[0]))
 
     def __bool__(self) -> bool:
+        graphs.check_not_capturing("bool(tensor)")
         if self.data.numel() != 1:
             raise RuntimeError(
                 f"bool: the truth value of a tensor with {self.data.numel()} elements is ambiguous"
@@ -206,6 +210,7 @@ class Tensor:
         return int(self.item())
 
     def __index__(self) -> int:
+        graphs.check_not_capturing("using a tensor as an index")
         if self.data.dtype.is_floating_point or self.data.numel() != 1:
             raise TypeError("only integer tensors of a single element can be converted to an index")
         return int(self.data.item())
@@ -213,6 +218,7 @@ class Tensor:
     __hash__ = object.__hash__
 
     def __repr__(self) -> str:
+        graphs.check_not_capturing("printing a tensor")
         body = repr(self.data.detach())
         if self.grad_fn is not None:
             body = body[:-1] + f", grad_fn=<{self.grad_fn.name}>)"

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ge2 import graphs
+
 
 # hyper slots: what the user sets, then what optim_prepare_kernel maintains.
 LR, BETA1, BETA2, EPS, WEIGHT_DECAY, STEP, BETA1_POW, BETA2_POW, STEP_SIZE, BC2_SQRT = range(10)
@@ -239,6 +241,16 @@ def _addr(t: torch.Tensor | None) -> int:
     return t.data_ptr() if t is not None else 0
 
 
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Copy a small host table to the device; inside a CUDA-graph capture, from pinned memory that
+    the graph keeps (a pageable copy would synchronise, which capture forbids)."""
+    if device.type == "cuda" and graphs.is_capturing():
+        host = host.pin_memory()
+        graphs.keep_alive(host)
+        return host.to(device, non_blocking=True)
+    return host.to(device)
+
+
 def tensor_table(params, grads, states1, states2, groups) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(table int64 [T, 6], chunks int64 [n, 2], n) on the params' device; cached by addresses and sizes."""
     rows = tuple((_addr(p), _addr(g), _addr(s1), _addr(s2), g.numel(), grp)
@@ -249,8 +261,8 @@ def tensor_table(params, grads, states1, states2, groups) -> tuple[torch.Tensor,
     if hit is not None:
         return hit
     chunks = [(i, start) for i, r in enumerate(rows) for start in range(0, r[4], BLOCK)]
-    table = torch.tensor([list(r) for r in rows], dtype=torch.int64).to(device)
-    chunk_t = torch.tensor(chunks or [(0, 0)], dtype=torch.int64).to(device)
+    table = _to_device(torch.tensor([list(r) for r in rows], dtype=torch.int64), device)
+    chunk_t = _to_device(torch.tensor(chunks or [(0, 0)], dtype=torch.int64), device)
     if len(_TABLE_CACHE) >= _TABLE_CACHE_SIZE:
         _TABLE_CACHE.pop(next(iter(_TABLE_CACHE)))
     _TABLE_CACHE[key] = hit = (table, chunk_t, len(chunks))

@@ -13,6 +13,7 @@ from typing import Any, Iterable
 
 import torch
 
+from ge2 import graphs
 from ge2.autograd.grad_mode import no_grad
 from ge2.autograd.tensor import Tensor, clear_grads
 from ge2.kernels import optim as K
@@ -95,6 +96,12 @@ class Optimizer:
         for i, g in enumerate(self.param_groups):
             for key, slot in self._slots.items():
                 if g[key] != self._written[i][key]:
+                    if graphs.is_capturing():
+                        raise graphs.CaptureError(
+                            f"{type(self).__name__}: {key} changed inside a captured step (a scheduler "
+                            f"stepped there?); a graph would replay the value of the capture forever. "
+                            f"Call scheduler.step() outside the captured step: ge2 writes the new "
+                            f"value into the device before each replay")
                     self._hyper[i, slot].fill_(float(g[key]))
                     self._written[i][key] = g[key]
         return self._hyper
@@ -143,6 +150,7 @@ class Optimizer:
     @no_grad()
     def step(self) -> None:
         """Update every parameter that has a gradient: one fused launch per dtype."""
+        graphs.note_optimizer(self)
         params, grads, groups = self._with_grads()
         hyper = self._sync_hyper()
         if not params:
