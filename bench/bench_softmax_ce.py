@@ -1,12 +1,15 @@
 """Softmax, fused cross-entropy and linear_cross_entropy: ge2 vs torch in one process (issue 4).
 
-    PYTHONPATH=. python3 bench/bench_softmax_ce.py [--quick]
+    PYTHONPATH=. python3 bench/bench_softmax_ce.py [--quick] [--only-ce] [--skip-lce]
 
 * softmax forward / backward, effective TB/s (bytes read + written) at 4096x4096 and 8192x32768,
   fp32 and bf16; torch.softmax and its autograd backward beside it.
 * cross-entropy forward + backward (ms) and peak extra memory (x the logits' bytes) at 8192x32768
   and 4096x128256, fp32 and bf16: ge2's fused op (gradient for gy = 1, then the gy scaling op,
-  which costs no pass when gy == 1) vs ``F.cross_entropy(x, t).backward()``.
+  which costs no pass when gy == 1) vs ``F.cross_entropy(x, t).backward()``; columns for the
+  default deferred target check (no host sync), the synchronous one and none. Before them, a sweep
+  of the split path's (BLOCK_C, num_warps) (``ce_split_sweep`` rows) picks the defaults they use
+  (``ce_chosen_defaults`` in the JSON; ge2/kernels/cross_entropy.py carries the same values).
 * linear_cross_entropy at N=8192, H=4096, V=128256 bf16 (time and peak memory) vs
   ``F.cross_entropy(x @ W.T + b, t).backward()``.
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 
 import torch
 import torch.nn.functional as TF
@@ -25,7 +29,7 @@ import triton
 
 import ge2
 import ge2.nn.functional as F
-from bench.harness import Bench
+from bench.harness import RESULTS_DIR, Bench
 from ge2.backend import call
 
 TARGET_TBPS = 2.7
@@ -84,6 +88,8 @@ def bench_softmax(bench: Bench, shapes, dtypes) -> None:
 
 
 def bench_cross_entropy(bench: Bench, shapes, dtypes) -> None:
+    from ge2.kernels import cross_entropy as K
+
     for (N, C), dtype in ((s, d) for s in shapes for d in dtypes):
         x = torch.randn(N, C, device="cuda", dtype=dtype)
         t = torch.randint(0, C, (N,), device="cuda")
@@ -115,10 +121,17 @@ def bench_cross_entropy(bench: Bench, shapes, dtypes) -> None:
         grad_err = ((g_ge2.double() - xt.grad.double()).norm() / xt.grad.double().norm()).item()
         del g_ge2
         xt.grad = None
-        row = bench.add({"case": "cross_entropy_fwd_bwd", "shape": f"{N}x{C}", "dtype": str(dtype)[6:]},
-                        ge2=ge2_fused, ge2_nocheck=lambda: ge2_fused(False), ge2_inplace=ge2_inplace,
-                        torch=torch_fwd_bwd)
+        es = x.element_size()
+        path = (f"split {K.SPLIT_CONFIG[es]}" if C > K.MAX_FUSED_C[es] else "in registers")
+        row = bench.add({"case": "cross_entropy_fwd_bwd", "shape": f"{N}x{C}", "dtype": str(dtype)[6:],
+                         "path": path},
+                        ge2=ge2_fused, ge2_sync_check=lambda: ge2_fused(True), ge2_nocheck=lambda: ge2_fused(False),
+                        ge2_inplace=ge2_inplace, torch=torch_fwd_bwd)
+        K.check_pending_targets()
         row["ge2_graph_ms"] = _graph_ms(lambda: ge2_fused(False))
+        # bytes: ignored rows (1 in 17) are not read; every row's gradient is written
+        moved = logits_bytes * (2 - len(range(0, N, 17)) / N)
+        row["ge2_graph_tbps"] = moved / row["ge2_graph_ms"] / 1e9 if row["ge2_graph_ms"] else None
         row["loss_abs_diff"] = abs(loss_ge2.item() - ref.item())
         row["grad_rel_err_vs_torch"] = grad_err
         scratch.copy_(x)
@@ -128,27 +141,53 @@ def bench_cross_entropy(bench: Bench, shapes, dtypes) -> None:
         xt.grad = None
         row["ge2_peak_extra_x_logits"] = mem_ge2 / logits_bytes
         row["torch_peak_extra_x_logits"] = mem_torch / logits_bytes
-        print(f"  -> peak extra memory: ge2 {row['ge2_peak_extra_x_logits']:.4f}x logits, "
-              f"torch {row['torch_peak_extra_x_logits']:.2f}x", flush=True)
+        print(f"  -> graph {row['ge2_graph_ms'] or 0:.3f} ms ({row['ge2_graph_tbps'] or 0:.2f} TB/s); "
+              f"peak extra memory: ge2 {row['ge2_peak_extra_x_logits']:.4f}x logits, "
+              f"torch {row['torch_peak_extra_x_logits']:.2f}x; grad err {grad_err:.2e}", flush=True)
         del x, t, scratch, xt, ref, loss_ge2
         gc.collect()
         torch.cuda.empty_cache()
 
 
-def compare_recompute_exp(bench: Bench, N: int, C: int, dtypes) -> None:
-    """The in-register CE kernel keeping exp(x - max) live vs recomputing it for the gradient."""
+SPLIT_SWEEP = [(2048, 4), (4096, 8), (8192, 16), (8192, 8), (16384, 32)]
+
+
+def sweep_split(bench: Bench, long_shape, short_shape, dtypes) -> dict:
+    """Kernel-level fwd+bwd (targets, fused pass, loss sum) per split config; sets the winners as defaults.
+
+    For each dtype: SPLIT_CONFIG = the fastest config at ``long_shape``; rows of ``short_shape``'s
+    length move to the split path (MAX_FUSED_C lowered) only if that config beats the in-register kernel there.
+    """
     from ge2.kernels import cross_entropy as K
 
+    bench.warmup_ms, bench.rep_ms = 10, 40
+    chosen = {}
     for dtype in dtypes:
-        x = torch.randn(N, C, device="cuda", dtype=dtype)
-        t = torch.randint(0, C, (N,), device="cuda")
-        for recompute in (False, True):
-            fn = lambda r=recompute: K.cross_entropy_fwd_bwd(x, t, check_targets=False, recompute_exp=r)  # noqa: E731
-            row = bench.add({"case": "ce_recompute_exp", "shape": f"{N}x{C}", "dtype": str(dtype)[6:],
-                             "config": f"recompute_exp={recompute}"}, ge2=fn)
-            row["ge2_graph_ms"] = _graph_ms(fn)
-        del x, t
-        torch.cuda.empty_cache()
+        es = torch.tensor([], dtype=dtype).element_size()
+        best = {}
+        for N, C in (long_shape, short_shape):
+            x = torch.randn(N, C, device="cuda", dtype=dtype)
+            t = torch.randint(0, C, (N,), device="cuda")
+            t[::17] = -100
+            configs = list(SPLIT_SWEEP) + ([None] if C <= 32768 else [])
+            for cfg in configs:
+                fn = lambda c=cfg: K.cross_entropy_fwd_bwd(x, t, check_targets=False, split_config=c,  # noqa: E731
+                                                           max_fused_c=32768)
+                row = bench.add({"case": "ce_split_sweep", "shape": f"{N}x{C}", "dtype": str(dtype)[6:],
+                                 "config": "in registers" if cfg is None else f"BLOCK_C={cfg[0]} warps={cfg[1]}"},
+                                ge2=fn)
+                best[(C, cfg)] = row["ge2_ms"] or float("inf")
+            del x, t
+            torch.cuda.empty_cache()
+        long_c, short_c = long_shape[1], short_shape[1]
+        cfg = min(SPLIT_SWEEP, key=lambda c: best[(long_c, c)])
+        K.SPLIT_CONFIG[es] = cfg
+        split_short = best[(short_c, cfg)] < 0.98 * best[(short_c, None)]
+        K.MAX_FUSED_C[es] = short_c // 2 if split_short else 32768
+        chosen[str(dtype)[6:]] = {"SPLIT_CONFIG": list(cfg), "MAX_FUSED_C": K.MAX_FUSED_C[es]}
+        print(f"  -> {dtype}: SPLIT_CONFIG {cfg}, MAX_FUSED_C {K.MAX_FUSED_C[es]}", flush=True)
+    bench.warmup_ms, bench.rep_ms = 25, 100
+    return chosen
 
 
 def bench_linear_cross_entropy(bench: Bench, N: int, H: int, V: int, dtype) -> None:
@@ -187,10 +226,23 @@ def bench_linear_cross_entropy(bench: Bench, N: int, H: int, V: int, dtype) -> N
           flush=True)
 
 
+def keep_earlier_rows(bench: Bench, run_cases: set[str]) -> None:
+    """Carry over the rows of cases this run skipped from the existing JSON, each marked with its run's date."""
+    path = RESULTS_DIR / "softmax_ce.json"
+    if not path.exists():
+        return
+    old = json.loads(path.read_text())
+    for row in old.get("rows", []):
+        if row.get("case") not in run_cases and row.get("case") not in ("ce_recompute_exp", "ce_online_sweep"):
+            bench.rows.append({**row, "measured": row.get("measured", f"{old.get('date')} ({old.get('commit')})")})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smaller shapes (a smoke run)")
     ap.add_argument("--skip-lce", action="store_true")
+    ap.add_argument("--only-ce", action="store_true",
+                    help="cross-entropy rows and the split sweep only; the other rows are kept from the JSON")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_softmax_ce: needs a CUDA GPU (timings under the interpreter mean nothing)")
@@ -198,13 +250,16 @@ def main() -> None:
     bench = Bench("softmax_ce")
     dtypes = (torch.float32, torch.bfloat16)
     quick = args.quick
-    bench_softmax(bench, [(1024, 1024)] if quick else [(4096, 4096), (8192, 32768)], dtypes)
-    bench_cross_entropy(bench, [(1024, 4096)] if quick else [(8192, 32768), (4096, 128256)], dtypes)
-    if not quick:
-        compare_recompute_exp(bench, 8192, 32768, dtypes)
-    if not args.skip_lce:
+    if not args.only_ce:
+        bench_softmax(bench, [(1024, 1024)] if quick else [(4096, 4096), (8192, 32768)], dtypes)
+    shapes = [(1024, 4096), (256, 40000)] if quick else [(8192, 32768), (4096, 128256)]
+    chosen = sweep_split(bench, shapes[1], shapes[0], dtypes)
+    bench_cross_entropy(bench, shapes, dtypes)
+    if not args.skip_lce and not args.only_ce:
         bench_linear_cross_entropy(bench, *((512, 256, 8192) if quick else (8192, 4096, 128256)), torch.bfloat16)
-    bench.report(targets={
+    if args.only_ce:
+        keep_earlier_rows(bench, {"cross_entropy_fwd_bwd", "ce_split_sweep"})
+    bench.report(ce_chosen_defaults=chosen, targets={
         "softmax_fwd_tbps": TARGET_TBPS,
         "ce_fwd_bwd_ms": {"8192x32768": {"float32": 0.8, "bfloat16": 0.45},
                           "4096x128256": {"float32": 1.5, "bfloat16": 0.8}},

@@ -1,8 +1,9 @@
 """Fused cross-entropy and linear_cross_entropy against float64 references and torch.
 
 Every reduction x weight x label_smoothing combination, with ignored rows, on [N, C] and
-[N, C, d1, d2] logits, class counts 1, 7 and ~1000 (33000 and 128256 on the GPU: the online
-path there; under the interpreter the online path is forced with a small register limit).
+[N, C, d1, d2] logits, class counts 1, 7 and ~1000 (33000 and 128256 on the GPU: the split
+path there, cooperative; under the interpreter the split path is forced with a small register
+limit or an explicit slice width, and runs as two launches).
 """
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ def _torch_ce(logits, target, weight, **kw):
     return loss.detach(), g
 
 
-def _check(logits, target, weight=None, *, max_fused_c=K.MAX_FUSED_C, **kw):
-    loss, grad = K.cross_entropy_fwd_bwd(logits, target, weight=weight, max_fused_c=max_fused_c, **kw)
+def _check(logits, target, weight=None, *, max_fused_c=None, split_config=None, **kw):
+    loss, grad = K.cross_entropy_fwd_bwd(logits, target, weight=weight, max_fused_c=max_fused_c,
+                                         split_config=split_config, **kw)
     loss64, grad64 = _torch_ce(logits.double(), target, weight.double() if weight is not None else None, **kw)
     loss_t, grad_t = _torch_ce(logits, target, weight, **kw)
     assert loss.dtype == logits.dtype and grad.shape == logits.shape
@@ -58,8 +60,8 @@ def test_every_option_combination(reduction, weighted, smoothing):
 
 
 @pytest.mark.parametrize("reduction,weighted,smoothing", COMBOS[::2])
-def test_spatial_logits_and_online_path(reduction, weighted, smoothing):
-    # [N, C, d1, d2]: the class dim is not last (strided rows); the online path via a 16-wide limit.
+def test_spatial_logits_and_split_path(reduction, weighted, smoothing):
+    # [N, C, d1, d2]: the class dim is not last (strided rows); the split path via a 16-wide limit.
     C = 37
     x = randn(2, C, 3, 2, seed=4)
     w = (randn(C, seed=5).abs() + 0.3) if weighted else None
@@ -74,10 +76,51 @@ def test_class_counts(C):
     _check(randn(n, C, seed=C), _targets((n,), C, seed=7, ignore_every=0), label_smoothing=0.1)
 
 
-def test_online_path_long_rows_with_options():
+def test_split_path_long_rows_with_options():
     x = randn(4, 1000, noncontig=True, seed=8) * 20
     w = randn(1000, seed=9).abs() + 0.1
     _check(x, _targets((4,), 1000, seed=10, ignore_every=4), w, label_smoothing=0.2, max_fused_c=128)
+
+
+@pytest.mark.parametrize("reduction,weighted,smoothing", COMBOS)
+def test_split_rows_every_option(reduction, weighted, smoothing):
+    # Rows split over 16-class slices (the cooperative kernel on the GPU, two launches here), with
+    # a slice of ignored rows, an all -inf slice (rows of C=37: 3 slices, the last of 5 classes).
+    C = 37
+    x = randn(6, C, noncontig=True, seed=41) * 4
+    x[1, :16] = float("-inf")
+    w = (randn(C, seed=42).abs() + 0.3) if weighted else None
+    t = _targets((6,), C, seed=43)
+    t[1] = 20  # a finite target in a row whose first slice is all -inf
+    _check(x, t, w, reduction=reduction, label_smoothing=smoothing, split_config=(16, 1))
+
+
+def test_split_rows_in_place_and_forward_only():
+    C = 45
+    x = randn(5, C, seed=44) * 3
+    t = _targets((5,), C, seed=45)
+    w = randn(C, seed=46).abs() + 0.2
+    kw = dict(weight=w, label_smoothing=0.1, split_config=(8, 1))
+    loss, g = K.cross_entropy_fwd_bwd(x, t, **kw)
+    buf = x.clone()
+    loss_i, g_i = K.cross_entropy_fwd_bwd(buf, t, inplace=True, **kw)
+    assert g_i.data_ptr() == buf.data_ptr()
+    assert torch.equal(loss_i, loss) and torch.equal(g_i, g)  # x[t] is read before any slice is overwritten
+    loss_f, g_f = K.cross_entropy_fwd_bwd(x, t, compute_grad=False, **kw)
+    assert g_f is None and torch.equal(loss_f, loss)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the cooperative split runs on the GPU only")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cooperative_split_many_rows(dtype):
+    # Many more programs than the GPU holds at once (3001 rows x 12 slices): the ticket order must
+    # keep every row's slices co-resident; equal to the two-launch path bit for bit.
+    N, C = 3001, 3000
+    x = randn(N, C, dtype=dtype, seed=47) * 3
+    t = _targets((N,), C, seed=48, ignore_every=7)
+    loss, g = _check(x, t, label_smoothing=0.05, split_config=(256, 2))
+    loss2, g2 = K.cross_entropy_fwd_bwd(x, t, label_smoothing=0.05, split_config=(256, 2), cooperative=False)
+    assert torch.equal(loss, loss2) and torch.equal(g, g2)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -111,18 +154,41 @@ def test_all_ignored_mean_is_nan_like_torch():
     assert loss.item() == 0.0
 
 
+BAD_TARGET = (r"cross_entropy: 1 target value\(s\) out of range: class targets must be in \[0, 5\) "
+              r"or equal ignore_index=-100")
+
+
 @pytest.mark.parametrize("bad", [5, -1, 1000])
 def test_out_of_range_targets_raise(bad):
     x = randn(3, 5, seed=17)
     t = torch.tensor([0, bad, 2], device=DEVICE)
-    with pytest.raises(ValueError, match=r"cross_entropy: 1 target value\(s\) out of range: class targets must be "
-                                         r"in \[0, 5\) or equal ignore_index=-100"):
+    # CPU: raised by the call. GPU (default): raised without a host sync, by the next class-target
+    # call or by check_pending_targets(); check_targets=True raises at the call on both.
+    with pytest.raises(ValueError, match=BAD_TARGET):
         call("cross_entropy", x, t)
+        K.check_pending_targets()
+    with pytest.raises(ValueError, match=BAD_TARGET):
+        call("cross_entropy", x, t, check_targets=True)
     # Unchecked, the bad row is NaN (never an out-of-bounds read, never a silent number).
     loss, g = K.cross_entropy_fwd_bwd(x, t, reduction="none", check_targets=False)
     assert torch.isnan(loss[1]) and torch.isnan(g[1]).all() and torch.isfinite(loss[[0, 2]]).all()
     with pytest.raises(ValueError, match="nll_loss: 1 target value"):
         call("nll_loss", x, t)
+        K.check_pending_targets()
+    K.check_pending_targets()  # nothing left over
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the deferred check is the GPU default")
+def test_out_of_range_target_is_raised_by_the_next_call_without_a_sync():
+    x = randn(3, 5, seed=17)
+    good = torch.tensor([0, 1, 2], device=DEVICE)
+    loss = call("cross_entropy", x, torch.tensor([0, 7, 2], device=DEVICE))  # returns: no host read here
+    assert loss.shape == ()
+    torch.cuda.synchronize()  # (the copy has landed; the next call only queries its event)
+    with pytest.raises(ValueError, match=r"cross_entropy: 1 target value.*found by an earlier call"):
+        call("nll_loss", x, good)
+    call("cross_entropy", x, good)
+    K.check_pending_targets()  # good targets leave nothing to raise
 
 
 def test_schema_errors():

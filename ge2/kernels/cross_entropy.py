@@ -13,15 +13,21 @@ count without weights). Rows whose target is ``ignore_index`` give 0 loss and 0 
 One pass over the logits gives both the row loss and dx (for gy = 1): the row is read once,
 dx is written once, into the logits buffer itself when the caller allows it. Backward then only
 scales dx by gy, reading gy on the device and skipping the pass when gy == 1 (``loss.backward()``).
-Rows up to ``MAX_FUSED_C`` classes are held in registers; longer rows take an online two-sweep path
-(running max and sum, then the gradient sweep).
+Rows up to ``MAX_FUSED_C`` (32768) classes are held in registers by one program. Longer rows are split
+over several programs (``cross_entropy_split_kernel``), each holding a slice in registers; on the
+GPU they exchange a partial (max, sum exp) through global memory and wait for each other, so the
+row is still read once. Rows whose target is ignored are not read at all.
 
 Targets are checked by ``target_stats_kernel``, a small pass over the targets that also computes
 D and sum(w): an out-of-range target gives that row NaN loss and gradient (never an out-of-bounds
-read) and counts in ``stats[2]``; the launcher reads that count (a 4-byte copy, the one host sync)
-and raises, unless ``check_targets=False`` or a CUDA graph is being captured.
+read) and counts in ``stats[2]``. ``raise_on_bad_targets`` turns that count into a ValueError:
+at once on the CPU and with ``check_targets=True``; by default on the GPU without a host sync, the
+count is copied to pinned memory behind an event and raised by the next class-target call (or by
+``check_pending_targets()``); not at all with ``check_targets=False`` or in a captured CUDA graph.
 """
 from __future__ import annotations
+
+import collections
 
 import torch
 import triton
@@ -31,11 +37,15 @@ from ge2.kernels.losses import sum_to_scalar
 from ge2.kernels.softmax import num_warps_configs, prune_by_elements_per_thread, row_offsets, row_view
 from ge2.runtime import autotune
 
-MAX_FUSED_C = 32768  # longest class row kept in registers
-# The online path's (programs per SM, BLOCK_C, num_warps); bench/bench_softmax_ce.py sweeps it.
-# Measured on H100 at 4096 x 128256 (bench_softmax_ce.json, ce_online_sweep): (1, 16384, 32) was best in
-# both dtypes, by 1-9%; no config got sweep 2 out of L2 (all ran at ~3 passes over DRAM).
-ONLINE_CONFIG = (1, 16384, 32)
+# Longest class row one program holds in registers, by element size; longer rows take the split path.
+MAX_FUSED_C = {4: 32768, 2: 32768, 1: 32768}
+# The split path's (BLOCK_C, num_warps) by element size; bench/bench_softmax_ce.py sweeps them
+# (ce_split_sweep rows of bench/results/softmax_ce.json).
+SPLIT_CONFIG = {4: (8192, 8), 2: (8192, 8), 1: (8192, 8)}
+# Rows of more than this many slices run as two launches (partials, then dx re-reading the row):
+# a cooperative launch needs a row's SPLIT programs co-resident, kept far below the GPU's capacity.
+MAX_COOPERATIVE_SPLIT = 64
+SYNC_STRIDE: tl.constexpr = tl.constexpr(32)
 TILE_ELEMENTS = 2048
 STATS_BLOCK = 1024
 
@@ -87,46 +97,47 @@ def _row_target(t_ptr, rows, n_rows, inner, st_o, st_i, C, ignore_index, w_ptr, 
     return t, valid, bad, w_t
 
 
-@autotune(num_warps_configs(), key=["BLOCK_M", "BLOCK_C", "HAS_WEIGHT", "SMOOTH", "COMPUTE_GRAD", "RECOMPUTE_EXP"],
-          default=0,
+@autotune(num_warps_configs(), key=["BLOCK_M", "BLOCK_C", "HAS_WEIGHT", "SMOOTH", "COMPUTE_GRAD"], default=0,
           prune_configs_by={"early_config_prune": prune_by_elements_per_thread}, restore_value=["x_ptr"])
 @triton.jit
 def cross_entropy_fwd_bwd_kernel(
     x_ptr, t_ptr, w_ptr, stats_ptr, loss_ptr, g_ptr, n_rows, C, inner,
     sx_o, sx_i, sx_c, st_o, st_i, sg_o, sg_i, sg_c, ignore_index, label_smoothing,
     HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, MEAN: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
-    RECOMPUTE_EXP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """BLOCK_M rows in registers: the row loss (unnormalised) and dx for gy = 1 (may overwrite x).
+    """BLOCK_M whole rows in registers: the row loss (unnormalised) and dx for gy = 1 (may overwrite x).
 
-    RECOMPUTE_EXP: recompute exp(x - max) for the gradient from the loaded row instead of keeping
-    the exponentials live across the row reductions: one array of registers instead of two at
-    32K classes (exp is cheap next to the memory traffic).
+    x[t] is a gathered load (no third row reduction); the gradient recomputes exp(x - max) from
+    the loaded row rather than keeping the exponentials live across the reductions (one array of
+    registers instead of two at 32K classes: 0.59 -> 0.54 ms bf16 at 8192 x 32768 on the H100).
     """
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_C)
     col_ok = cols < C
     ok = (rows < n_rows)[:, None] & col_ok[None, :]
     t, valid, bad, w_t = _row_target(t_ptr, rows, n_rows, inner, st_o, st_i, C, ignore_index, w_ptr, HAS_WEIGHT)
-    x_in = tl.load(x_ptr + row_offsets(rows, inner, sx_o, sx_i)[:, None] + cols[None, :] * sx_c,
-                   mask=ok, other=float("-inf"))
-    x = x_in.to(tl.float32)
+    use = valid & ~bad
+    x_base = row_offsets(rows, inner, sx_o, sx_i)
+    # Ignored (and bad) rows are not read: their loss and dx do not depend on the logits.
+    x = tl.load(x_ptr + x_base[:, None] + cols[None, :] * sx_c, mask=ok & use[:, None],
+                other=float("-inf")).to(tl.float32)
     row_max = tl.max(x, 1)
     row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
-    e = tl.exp(x - row_max[:, None])
-    row_sum = tl.sum(e, 1)
+    row_sum = tl.sum(tl.exp(x - row_max[:, None]), 1)
     lse = row_max + tl.log(row_sum)
-    is_t = cols[None, :] == t[:, None]
-    x_t = tl.sum(tl.where(is_t, x, 0.0), 1)
+    x_t = tl.load(x_ptr + x_base + tl.where(use, t, 0) * sx_c, mask=use, other=0.0).to(tl.float32)
     loss = (1.0 - label_smoothing) * w_t * (lse - x_t)
+    w_sum = tl.load(stats_ptr + 1)
     if SMOOTH:
-        w_sum = tl.load(stats_ptr + 1)
         if HAS_WEIGHT:
             w_row = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         else:
             w_row = tl.where(col_ok, 1.0, 0.0)[None, :]
         w_x = tl.sum(tl.where(ok, w_row * x, 0.0), 1)
         loss += (label_smoothing / C) * (w_sum * lse - w_x)
+    else:
+        w_row = tl.zeros([1, BLOCK_C], tl.float32)
     # Ignored rows are 0 even when their logits are NaN (w[t] = 0 times NaN would not be).
     loss = tl.where(valid, loss, 0.0)
     loss = tl.where(bad, float("nan"), loss)
@@ -135,118 +146,152 @@ def cross_entropy_fwd_bwd_kernel(
         inv_d = 1.0
         if MEAN:
             inv_d = 1.0 / tl.load(stats_ptr)
-        a = (1.0 - label_smoothing) * w_t * inv_d
-        if RECOMPUTE_EXP:
-            p = tl.exp(x_in.to(tl.float32) - row_max[:, None]) * (1.0 / row_sum)[:, None]
-        else:
-            p = e / row_sum[:, None]
-        g = a[:, None] * (p - tl.where(cols[None, :] == t[:, None], 1.0, 0.0))
-        if SMOOTH:
-            b = (label_smoothing / C) * inv_d
-            g += b * (w_sum * p - w_row)
-        # Ignored rows get exactly 0 (not 0 * NaN for a row of NaN logits); bad targets get NaN.
-        g = tl.where(valid[:, None], g, 0.0)
-        g = tl.where(bad[:, None], float("nan"), g)
+        g = _ce_grad(x, cols[None, :], t[:, None], valid[:, None], bad[:, None], w_t[:, None], w_row, w_sum,
+                     row_max[:, None], row_sum[:, None], inv_d, label_smoothing, C, SMOOTH)
         g_off = row_offsets(rows, inner, sg_o, sg_i)[:, None] + cols[None, :] * sg_c
         tl.store(g_ptr + g_off, g.to(g_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
-def cross_entropy_fwd_bwd_online_kernel(
-    x_ptr, t_ptr, w_ptr, stats_ptr, loss_ptr, g_ptr, n_rows, C, inner,
+def cross_entropy_split_kernel(
+    x_ptr, t_ptr, w_ptr, stats_ptr, loss_ptr, g_ptr, part_ptr, sync_ptr, n_rows, C, inner,
     sx_o, sx_i, sx_c, st_o, st_i, sg_o, sg_i, sg_c, ignore_index, label_smoothing,
     HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, MEAN: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    PHASE: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """Long rows, a persistent grid: per row, sweep 1 keeps running (max, sum) per lane, sweep 2 writes dx.
+    """Long rows split over SPLIT programs of BLOCK_C classes: partial (max, sum exp) per slice, combined per row.
 
-    Few programs, one row each at a time, keep the rows in flight few enough that sweep 2 can
-    find its row still in L2 (bf16 rows of 128K classes: ~130 rows x 250 KB < the 50 MB L2).
+    PHASE 0 (GPU, one launch, cooperative): each program reduces its slice, publishes the partial,
+    waits for the row's other SPLIT - 1 programs, combines, then writes dx from the slice still in
+    registers: the logits are read once. PHASE 1 then PHASE 2 (two launches; the interpreter, which
+    runs programs one after another, and splits too wide to be co-resident): partials, then the
+    combine and dx, re-reading the slice. Partials: part_ptr [n_rows, SPLIT, 4] = (max, sum exp(x -
+    max), sum w x, x[t] if t is in the slice else 0). sync_ptr: n_rows arrival counters and a ticket
+    counter, SYNC_STRIDE int32 apart (one 128-byte line each: the rows in flight poll their
+    counters without contending for one line), zeroed by the launcher (PHASE 0 only).
     """
-    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
-        _cross_entropy_online_row(x_ptr, t_ptr, w_ptr, stats_ptr, loss_ptr, g_ptr, row, n_rows, C, inner,
-                                  sx_o, sx_i, sx_c, st_o, st_i, sg_o, sg_i, sg_c, ignore_index, label_smoothing,
-                                  HAS_WEIGHT, SMOOTH, MEAN, COMPUTE_GRAD, BLOCK_C)
+    if PHASE == 0:
+        # Slices are handed out in arrival order (a ticket), not by program id: a row's programs
+        # then hold consecutive tickets, so at any time at most one row has programs still waiting
+        # for a sibling that has not started; every other waiting row's siblings are resident and
+        # finish, which frees their slots. No deadlock needs more than SPLIT co-resident programs.
+        ticket = tl.atomic_add(sync_ptr + n_rows * SYNC_STRIDE, 1, sem="relaxed")
+    else:
+        ticket = tl.program_id(0)
+    row = ticket // SPLIT
+    part = ticket % SPLIT
+    t, valid, bad, w_t = _row_target(t_ptr, row, n_rows, inner, st_o, st_i, C, ignore_index, w_ptr, HAS_WEIGHT)
+    use = valid & ~bad
+    x_base = row_offsets(row, inner, sx_o, sx_i)
+    lo = part * BLOCK_C
+    c = lo + tl.arange(0, BLOCK_C)
+    ok = c < C
+    w_sum = tl.load(stats_ptr + 1)
+    w_c = tl.where(ok, 1.0, 0.0)
+    if SMOOTH:
+        if HAS_WEIGHT:
+            w_c = tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    p_row = part_ptr + row.to(tl.int64) * (SPLIT * 4)
+    if PHASE != 2:
+        x = _load_slice(x_ptr, x_base, c, sx_c, ok, use)
+        m = tl.max(x, 0)
+        s = tl.sum(tl.exp(x - tl.where(m == float("-inf"), 0.0, m)), 0)
+        wx = 0.0
+        if SMOOTH:
+            wx = tl.sum(tl.where(ok, w_c * x, 0.0), 0)
+        # x[t] is read here, before any program of the row can overwrite it with dx (in place).
+        has_t = use & (t >= lo) & (t < lo + BLOCK_C)
+        x_t = tl.load(x_ptr + x_base + tl.where(has_t, t, 0) * sx_c, mask=has_t, other=0.0).to(tl.float32)
+        p_out = p_row + part * 4
+        tl.store(p_out, m)
+        tl.store(p_out + 1, s)
+        tl.store(p_out + 2, wx)
+        tl.store(p_out + 3, x_t)
+    if PHASE == 0:
+        # Publish (a CTA barrier, then one release atomic: the partial stores above come first),
+        # then poll the row's counter until all SPLIT slices have arrived.
+        tl.debug_barrier()
+        counter = sync_ptr + row * SYNC_STRIDE
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel") + 1
+        while arrived < SPLIT:
+            arrived = tl.atomic_add(counter, 0, sem="acq_rel")
+        tl.debug_barrier()
+    if PHASE != 1:
+        j = tl.arange(0, SPLIT_P2)
+        jm = j < SPLIT
+        # .cg: read the siblings' partials from L2, never from a stale L1 line.
+        pm = tl.load(p_row + j * 4, mask=jm, other=float("-inf"), cache_modifier=".cg")
+        ps = tl.load(p_row + j * 4 + 1, mask=jm, other=0.0, cache_modifier=".cg")
+        row_max = tl.max(pm, 0)
+        row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
+        row_sum = tl.sum(tl.where(pm == float("-inf"), 0.0, ps * tl.exp(pm - row_max)), 0)
+        lse = row_max + tl.log(row_sum)
+        if part == 0:
+            x_t_row = tl.sum(tl.load(p_row + j * 4 + 3, mask=jm, other=0.0, cache_modifier=".cg"), 0)
+            loss = (1.0 - label_smoothing) * w_t * (lse - x_t_row)
+            if SMOOTH:
+                wx_row = tl.sum(tl.load(p_row + j * 4 + 2, mask=jm, other=0.0, cache_modifier=".cg"), 0)
+                loss += (label_smoothing / C) * (w_sum * lse - wx_row)
+            loss = tl.where(valid, loss, 0.0)
+            loss = tl.where(bad, float("nan"), loss)
+            tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
+        if COMPUTE_GRAD:
+            if PHASE == 2:
+                x = _load_slice(x_ptr, x_base, c, sx_c, ok, use)
+            inv_d = 1.0
+            if MEAN:
+                inv_d = 1.0 / tl.load(stats_ptr)
+            g = _ce_grad(x, c, t, valid, bad, w_t, w_c, w_sum, row_max, row_sum, inv_d, label_smoothing, C, SMOOTH)
+            tl.store(g_ptr + row_offsets(row, inner, sg_o, sg_i) + c * sg_c, g.to(g_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
-def _cross_entropy_online_row(
-    x_ptr, t_ptr, w_ptr, stats_ptr, loss_ptr, g_ptr, row, n_rows, C, inner,
-    sx_o, sx_i, sx_c, st_o, st_i, sg_o, sg_i, sg_c, ignore_index, label_smoothing,
-    HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, MEAN: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-):
-    t, valid, bad, w_t = _row_target(t_ptr, row, n_rows, inner, st_o, st_i, C, ignore_index, w_ptr, HAS_WEIGHT)
-    x_base = row_offsets(row, inner, sx_o, sx_i)
-    g_base = row_offsets(row, inner, sg_o, sg_i)
-    cols = tl.arange(0, BLOCK_C)
-    lane_max = tl.full([BLOCK_C], float("-inf"), tl.float32)
-    lane_sum = tl.zeros([BLOCK_C], tl.float32)
-    lane_wx = tl.zeros([BLOCK_C], tl.float32)
-    for start in range(0, C, BLOCK_C):
-        c = start + cols
-        ok = c < C
-        x = tl.load(x_ptr + x_base + c * sx_c, mask=ok, other=float("-inf")).to(tl.float32)
-        new_max = tl.maximum(lane_max, x)
-        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-        lane_sum = lane_sum * tl.exp(lane_max - shift) + tl.exp(x - shift)
-        lane_max = new_max
-        if SMOOTH:
-            if HAS_WEIGHT:
-                lane_wx += tl.where(ok, tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32) * x, 0.0)
-            else:
-                lane_wx += tl.where(ok, x, 0.0)
-    row_max = tl.max(lane_max, 0)
-    row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
-    row_sum = tl.sum(lane_sum * tl.exp(lane_max - row_max), 0)
-    lse = row_max + tl.log(row_sum)
-    use = valid & ~bad
-    x_t = tl.load(x_ptr + x_base + tl.where(use, t, 0) * sx_c, mask=use, other=0.0).to(tl.float32)
-    loss = (1.0 - label_smoothing) * w_t * (lse - x_t)
-    w_sum = tl.load(stats_ptr + 1)
+def _load_slice(x_ptr, x_base, c, sx_c, ok, use):
+    """A row slice in fp32; rows that are ignored (or bad) are not read: their loss and dx do not depend on them."""
+    return tl.load(x_ptr + x_base + c * sx_c, mask=ok & use, other=float("-inf")).to(tl.float32)
+
+
+@triton.jit
+def _ce_grad(x, c, t, valid, bad, w_t, w_c, w_sum, row_max, row_sum, inv_d, label_smoothing, C, SMOOTH: tl.constexpr):
+    """dx for gy = 1 of a row slice: a (p - onehot(t)) + b (sum(w) p - w); 0 for ignored rows, NaN for bad ones."""
+    p = tl.exp(x - row_max) * (1.0 / row_sum)
+    g = ((1.0 - label_smoothing) * w_t * inv_d) * (p - tl.where(c == t, 1.0, 0.0))
     if SMOOTH:
-        loss += (label_smoothing / C) * (w_sum * lse - tl.sum(lane_wx, 0))
-    loss = tl.where(valid, loss, 0.0)
-    loss = tl.where(bad, float("nan"), loss)
-    tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
-    if COMPUTE_GRAD:
-        inv_d = 1.0
-        if MEAN:
-            inv_d = 1.0 / tl.load(stats_ptr)
-        a = (1.0 - label_smoothing) * w_t * inv_d
-        b = (label_smoothing / C) * inv_d
-        for start in range(0, C, BLOCK_C):
-            c = start + cols
-            ok = c < C
-            x = tl.load(x_ptr + x_base + c * sx_c, mask=ok, other=float("-inf")).to(tl.float32)
-            p = tl.exp(x - row_max) / row_sum
-            g = a * (p - tl.where(c == t, 1.0, 0.0))
-            if SMOOTH:
-                if HAS_WEIGHT:
-                    w_c = tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
-                else:
-                    w_c = 1.0
-                g += b * (w_sum * p - w_c)
-            g = tl.where(valid, g, 0.0)
-            g = tl.where(bad, float("nan"), g)
-            tl.store(g_ptr + g_base + c * sg_c, g.to(g_ptr.dtype.element_ty), mask=ok)
+        g += ((label_smoothing / C) * inv_d) * (w_sum * p - w_c)
+    # Ignored rows get exactly 0 (not 0 * NaN for a row of NaN logits); bad targets get NaN.
+    g = tl.where(valid, g, 0.0)
+    return tl.where(bad, float("nan"), g)
 
 
 @triton.jit
 def scale_rows_kernel(g_ptr, gy_ptr, n_rows, C, inner, sg_o, sg_i, sg_c, sy_o, sy_i,
                       PER_ROW: tl.constexpr, BLOCK_C: tl.constexpr):
-    """g[row, :] *= gy[row] (PER_ROW) or gy[0], skipped when that factor is exactly 1."""
-    row = tl.program_id(0)
+    """g[row, :] *= gy[row] (PER_ROW) or gy[0], over (row, column block) tiles strided across the programs.
+
+    A 0-d gy of exactly 1 (``loss.backward()``) costs each program one load: a small grid, so the
+    skipped pass costs a few microseconds rather than a launch of one program per tile.
+    """
+    f = tl.load(gy_ptr).to(tl.float32)
     if PER_ROW:
-        f = tl.load(gy_ptr + row_offsets(row, inner, sy_o, sy_i)).to(tl.float32)
-    else:
-        f = tl.load(gy_ptr).to(tl.float32)
-    if f != 1.0:
-        base = row_offsets(row, inner, sg_o, sg_i)
-        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        ok = c < C
-        v = tl.load(g_ptr + base + c * sg_c, mask=ok).to(tl.float32)
-        tl.store(g_ptr + base + c * sg_c, (v * f).to(g_ptr.dtype.element_ty), mask=ok)
+        _scale_tiles(g_ptr, gy_ptr, f, n_rows, C, inner, sg_o, sg_i, sg_c, sy_o, sy_i, True, BLOCK_C)
+    elif f != 1.0:
+        _scale_tiles(g_ptr, gy_ptr, f, n_rows, C, inner, sg_o, sg_i, sg_c, sy_o, sy_i, False, BLOCK_C)
+
+
+@triton.jit
+def _scale_tiles(g_ptr, gy_ptr, f, n_rows, C, inner, sg_o, sg_i, sg_c, sy_o, sy_i,
+                 PER_ROW: tl.constexpr, BLOCK_C: tl.constexpr):
+    n_cb = tl.cdiv(C, BLOCK_C)
+    for tile in range(tl.program_id(0), n_rows * n_cb, tl.num_programs(0)):
+        row = tile // n_cb
+        if PER_ROW:
+            f = tl.load(gy_ptr + row_offsets(row, inner, sy_o, sy_i)).to(tl.float32)
+        if f != 1.0:
+            base = row_offsets(row, inner, sg_o, sg_i)
+            c = (tile - row * n_cb) * BLOCK_C + tl.arange(0, BLOCK_C)
+            ok = c < C
+            v = tl.load(g_ptr + base + c * sg_c, mask=ok).to(tl.float32)
+            tl.store(g_ptr + base + c * sg_c, (v * f).to(g_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -299,7 +344,12 @@ def _target_rows(target: torch.Tensor):
 
 def target_stats(op: str, target: torch.Tensor, n_classes: int, *, weight: torch.Tensor | None,
                  ignore_index: int, inner: int) -> torch.Tensor:
-    """Device fp32 [3]: (sum of w[t] over non-ignored rows, sum(w), number of out-of-range targets)."""
+    """Device fp32 [3]: (sum of w[t] over non-ignored rows, sum(w), number of out-of-range targets).
+
+    First raises any out-of-range count an earlier GPU call left pending whose copy has landed.
+    """
+    if _PENDING:
+        check_pending_targets(wait=False)
     stats = torch.empty(3, dtype=torch.float32, device=target.device)
     t, st_o, st_i = _target_rows(target)
     target_stats_kernel[(1,)](t, weight if weight is not None else stats, stats, target.numel(), inner,
@@ -309,16 +359,58 @@ def target_stats(op: str, target: torch.Tensor, n_classes: int, *, weight: torch
 
 def raise_on_bad_targets(op: str, stats: torch.Tensor, n_classes: int, ignore_index: int,
                          check: bool | None) -> None:
-    """Read the out-of-range count (a host sync) and raise; skipped when check is False or while capturing."""
+    """Raise ValueError if stats[2] counts out-of-range targets: now, deferred (GPU default), or never.
+
+    check=False or a CUDA graph being captured: never (bad rows are NaN). CPU tensors or
+    check=True: now (on the GPU, a 4-byte read that waits for the GPU). check=None on the GPU: the
+    count is copied to pinned memory behind an event, with no host sync, and raised by the next
+    class-target call that finds the copy done, or by ``check_pending_targets()``.
+    """
     if check is False:
         return
     if stats.is_cuda and torch.cuda.is_current_stream_capturing():
         return
-    n_bad = int(stats[2].item())
-    if n_bad:
-        raise ValueError(
-            f"{op}: {n_bad} target value(s) out of range: class targets must be in [0, {n_classes}) "
-            f"or equal ignore_index={ignore_index}")
+    if check or not stats.is_cuda:
+        n_bad = int(stats[2].item())
+        if n_bad:
+            raise ValueError(_bad_targets_message(op, n_bad, n_classes, ignore_index))
+        return
+    host = _PINNED.pop() if _PINNED else torch.empty(1, dtype=torch.float32, pin_memory=True)
+    host.copy_(stats[2:3], non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    _PENDING.append((op, host, done, n_classes, ignore_index))
+
+
+def _bad_targets_message(op: str, n_bad: int, n_classes: int, ignore_index: int, note: str = "") -> str:
+    return (f"{op}: {n_bad} target value(s) out of range: class targets must be in [0, {n_classes}) "
+            f"or equal ignore_index={ignore_index}{note}")
+
+
+def check_pending_targets(wait: bool = True) -> None:
+    """Raise the first out-of-range target count left by earlier GPU calls (waiting for them if ``wait``).
+
+    Called without waiting at the start of every class-target op (cross_entropy, nll_loss,
+    linear_cross_entropy); call it with wait=True where an error must surface (end of a step).
+    """
+    while _PENDING:
+        op, host, done, n_classes, ignore_index = _PENDING[0]
+        if not wait and not done.query():
+            return
+        done.synchronize()
+        _PENDING.popleft()
+        n_bad = int(host.item())
+        _PINNED.append(host)
+        if n_bad:
+            raise ValueError(_bad_targets_message(
+                op, n_bad, n_classes, ignore_index,
+                " (found by an earlier call and reported without a host sync; check_targets=True raises "
+                "at the call itself)"))
+
+
+# Deferred target checks: (op, pinned count, event, C, ignore_index), oldest first; reusable pinned buffers.
+_PENDING: collections.deque = collections.deque()
+_PINNED: list[torch.Tensor] = []
 
 
 def _class_rows(logits: torch.Tensor):
@@ -330,12 +422,17 @@ def _class_rows(logits: torch.Tensor):
 def cross_entropy_rows(
     x: torch.Tensor, target: torch.Tensor, stats: torch.Tensor, row_loss: torch.Tensor, grad: torch.Tensor | None, *,
     weight: torch.Tensor | None = None, ignore_index: int = -100, label_smoothing: float = 0.0, mean: bool = True,
-    max_fused_c: int = MAX_FUSED_C, online_config: tuple[int, int, int] | None = None, recompute_exp: bool = True,
+    max_fused_c: int | None = None, split_config: tuple[int, int] | None = None, cooperative: bool | None = None,
 ) -> None:
     """The fused pass: row losses (unnormalised) into ``row_loss`` and, if ``grad`` is given, dx for gy = 1.
 
     x [N, C, d...] (any strides), target [N, d...], stats from ``target_stats`` (the mean's D may
     come from more rows than these: linear_cross_entropy passes the whole batch's); ``grad`` may be x.
+    Rows of C <= max_fused_c (default MAX_FUSED_C[element size]) classes: whole rows per program.
+    Longer rows, or any row when ``split_config`` = (BLOCK_C, num_warps) is given: the split
+    kernel, cooperative (one launch) on the GPU for the gradient pass unless ``cooperative=False``
+    or the split is wider than MAX_COOPERATIVE_SPLIT; never under the interpreter, which runs
+    programs one after another (a program waiting for a later one would never return).
     """
     _, n_rows, C, inner, (sx_o, sx_i, sx_c) = _class_rows(x)
     if not n_rows:
@@ -343,19 +440,34 @@ def cross_entropy_rows(
     t, st_o, st_i = _target_rows(target)
     g = grad if grad is not None else x
     sg_o, sg_i, sg_c = row_view(g, 1)[2] if grad is not None else (0, 0, 0)
-    args = (x, t, weight if weight is not None else stats, stats, row_loss, g, n_rows, C, inner,
-            sx_o, sx_i, sx_c, st_o, st_i, sg_o, sg_i, sg_c, ignore_index, float(label_smoothing))
+    w = weight if weight is not None else stats
+    max_fused_c = max_fused_c or MAX_FUSED_C[x.element_size()]
     meta = dict(HAS_WEIGHT=weight is not None, SMOOTH=label_smoothing > 0, MEAN=mean, COMPUTE_GRAD=grad is not None)
-    if C <= max_fused_c:
+    if C <= max_fused_c and split_config is None:
         block_c = triton.next_power_of_2(C)
         block_m = min(max(1, TILE_ELEMENTS // block_c), triton.next_power_of_2(n_rows))
-        cross_entropy_fwd_bwd_kernel[(triton.cdiv(n_rows, block_m),)](*args, **meta, RECOMPUTE_EXP=recompute_exp,
-                                                                      BLOCK_M=block_m, BLOCK_C=block_c)
-    else:
-        programs_per_sm, block_c, num_warps = online_config or ONLINE_CONFIG
-        grid = min(n_rows, _num_sms(x.device) * programs_per_sm) if x.is_cuda else n_rows
-        cross_entropy_fwd_bwd_online_kernel[(grid,)](*args, **meta, BLOCK_C=min(block_c, max_fused_c),
-                                                     num_warps=num_warps)
+        cross_entropy_fwd_bwd_kernel[(triton.cdiv(n_rows, block_m),)](
+            x, t, w, stats, row_loss, g, n_rows, C, inner, sx_o, sx_i, sx_c, st_o, st_i, sg_o, sg_i, sg_c,
+            ignore_index, float(label_smoothing), **meta, BLOCK_M=block_m, BLOCK_C=block_c)
+        return
+    block_c, num_warps = split_config or SPLIT_CONFIG[x.element_size()]
+    # slices no longer than the in-register limit (tests lower it to reach this path with tiny rows)
+    block_c = min(block_c, 1 << (max(max_fused_c, 2).bit_length() - 1))
+    split = triton.cdiv(C, block_c)
+    if cooperative is None:
+        cooperative = grad is not None and split <= MAX_COOPERATIVE_SPLIT
+    cooperative = cooperative and x.is_cuda
+    # partials [n_rows, split, 4] fp32, then (cooperative) n_rows arrival counters and a ticket, zeroed
+    n_part = n_rows * split * 4
+    n_sync = (n_rows + 1) * SYNC_STRIDE.value if cooperative else 0
+    ws = (torch.zeros if cooperative else torch.empty)(n_part + n_sync, dtype=torch.float32, device=x.device)
+    sync = ws[n_part:].view(torch.int32) if cooperative else ws
+    args = (x, t, w, stats, row_loss, g, ws, sync, n_rows, C, inner, sx_o, sx_i, sx_c, st_o, st_i,
+            sg_o, sg_i, sg_c, ignore_index, float(label_smoothing))
+    shape = dict(**meta, SPLIT=split, SPLIT_P2=triton.next_power_of_2(split), BLOCK_C=block_c, num_warps=num_warps)
+    grid = (n_rows * split,)
+    for phase in ((0,) if cooperative else (1, 2)):
+        cross_entropy_split_kernel[grid](*args, **shape, PHASE=phase)
 
 
 def _num_sms(device: torch.device) -> int:
@@ -370,8 +482,8 @@ _SMS: dict[torch.device, int] = {}
 def cross_entropy_fwd_bwd(
     logits: torch.Tensor, target: torch.Tensor, *, weight: torch.Tensor | None = None, ignore_index: int = -100,
     reduction: str = "mean", label_smoothing: float = 0.0, compute_grad: bool = True, inplace: bool = False,
-    check_targets: bool | None = None, max_fused_c: int = MAX_FUSED_C,
-    online_config: tuple[int, int, int] | None = None, recompute_exp: bool = True,
+    check_targets: bool | None = None, max_fused_c: int | None = None,
+    split_config: tuple[int, int] | None = None, cooperative: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(loss, dlogits for gy = 1): loss 0-d ('mean'/'sum') or [N, d...] ('none') in logits' dtype.
 
@@ -388,7 +500,7 @@ def cross_entropy_fwd_bwd(
         grad = x if inplace and x.data_ptr() == logits.data_ptr() else torch.empty_like(x)
     cross_entropy_rows(x, target, stats, row_loss, grad, weight=weight, ignore_index=ignore_index,
                        label_smoothing=label_smoothing, mean=reduction == "mean", max_fused_c=max_fused_c,
-                       online_config=online_config, recompute_exp=recompute_exp)
+                       split_config=split_config, cooperative=cooperative)
     if reduction == "none":
         loss = row_loss
     else:
@@ -431,8 +543,10 @@ def cross_entropy_scale_grad_(grad: torch.Tensor, gy: torch.Tensor) -> torch.Ten
     per_row = gy.dim() > 0
     sy_o, sy_i = _target_rows(gy)[1:] if per_row else (0, 0)
     block_c = min(triton.next_power_of_2(C), 4096)
-    scale_rows_kernel[(n_rows, triton.cdiv(C, block_c))](grad, gy, n_rows, C, inner, sg_o, sg_i, sg_c, sy_o, sy_i,
-                                                        PER_ROW=per_row, BLOCK_C=block_c)
+    tiles = n_rows * triton.cdiv(C, block_c)
+    programs = min(tiles, 8 * _num_sms(grad.device) if grad.is_cuda else 4)
+    scale_rows_kernel[(programs,)](grad, gy, n_rows, C, inner, sg_o, sg_i, sg_c, sy_o, sy_i,
+                                   PER_ROW=per_row, BLOCK_C=block_c, num_warps=8)
     return grad
 
 
