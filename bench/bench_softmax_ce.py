@@ -226,15 +226,15 @@ def bench_linear_cross_entropy(bench: Bench, N: int, H: int, V: int, dtype) -> N
           flush=True)
 
 
-def keep_earlier_rows(bench: Bench, run_cases: set[str]) -> None:
-    """Carry over the rows of cases this run skipped from the existing JSON, each marked with its run's date."""
+def earlier_rows(skip_cases: set[str]) -> list[dict]:
+    """The rows of cases this run does not measure, from the existing JSON (read before the first row
+    overwrites it), each marked with its run's date and commit."""
     path = RESULTS_DIR / "softmax_ce.json"
     if not path.exists():
-        return
+        return []
     old = json.loads(path.read_text())
-    for row in old.get("rows", []):
-        if row.get("case") not in run_cases and row.get("case") not in ("ce_recompute_exp", "ce_online_sweep"):
-            bench.rows.append({**row, "measured": row.get("measured", f"{old.get('date')} ({old.get('commit')})")})
+    return [{**row, "measured": row.get("measured", f"{old.get('date')} ({old.get('commit')})")}
+            for row in old.get("rows", []) if row.get("case") not in skip_cases]
 
 
 def main() -> None:
@@ -247,6 +247,9 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("bench_softmax_ce: needs a CUDA GPU (timings under the interpreter mean nothing)")
     torch.manual_seed(0)
+    # (ce_recompute_exp / ce_online_sweep: rows of earlier kernels, not carried over)
+    kept = earlier_rows({"cross_entropy_fwd_bwd", "ce_split_sweep", "ce_recompute_exp", "ce_online_sweep"}
+                        ) if args.only_ce else []
     bench = Bench("softmax_ce")
     dtypes = (torch.float32, torch.bfloat16)
     quick = args.quick
@@ -257,8 +260,7 @@ def main() -> None:
     bench_cross_entropy(bench, shapes, dtypes)
     if not args.skip_lce and not args.only_ce:
         bench_linear_cross_entropy(bench, *((512, 256, 8192) if quick else (8192, 4096, 128256)), torch.bfloat16)
-    if args.only_ce:
-        keep_earlier_rows(bench, {"cross_entropy_fwd_bwd", "ce_split_sweep"})
+    bench.rows.extend(kept)
     bench.report(ce_chosen_defaults=chosen, targets={
         "softmax_fwd_tbps": TARGET_TBPS,
         "ce_fwd_bwd_ms": {"8192x32768": {"float32": 0.8, "bfloat16": 0.45},
