@@ -2,12 +2,19 @@
 
     PYTHONPATH=. python3 bench/bench_conv.py            # on a GPU; writes bench/results/conv.json
     PYTHONPATH=. python3 bench/bench_conv.py --smoke    # tiny shapes, each function called once (CPU too)
+    PYTHONPATH=. python3 bench/bench_conv.py --precompile 3/8   # compile (no timing) the 4th of 8 shards
+
+* Timings are CUDA-graph replays (kernel time; ge2's eager host path is issue 7's subject);
+  ``--eager`` times eager launches instead.
+* ``--precompile i/n`` compiles every autotune candidate of shard i of the cases into Triton's
+  cache without launching anything: n such processes in parallel, then one timing process, turn a
+  sequential compile of ~150 kernel variants into a parallel one (the GPU machine has 16 cores).
 
 * conv2d forward and forward+backward (dX, dW) at the issue's (N, C, H, K, r) shapes, NCHW and NHWC,
   fp32 and bf16, TFLOP/s (2*N*K*P*Q*C/groups*R*S a pass; fwd+bwd counts 3 passes) and the ratio
   torch_ms / ge2_ms (> 1: ge2 faster). ``torch.backends.cudnn.benchmark = True``.
-  fp32 rows run twice: "tf32" (torch's default for cuDNN convs, ``cudnn.allow_tf32 = True``, vs
-  ``ge2.set_matmul_precision("tf32")``) and "ieee" (both exact fp32).
+  fp32 rows are "tf32" (torch's default for cuDNN convs, ``cudnn.allow_tf32 = True``, vs
+  ``ge2.set_matmul_precision("tf32")``); ``--ieee`` adds exact-fp32 rows for both.
 * pooling: max_pool2d 3x3/2 (ResNet stem), avg_pool2d 2x2 and the global adaptive_avg_pool2d,
   forward and backward, GB/s of the bytes each must move at least (read x once, write y once).
 """
@@ -21,9 +28,11 @@ import torch.nn.functional as TF
 import ge2
 from ge2.backend import call
 
-PREDICTION = ("implicit GEMM without TMA or stride-phase splitting: forward ~0.6-0.9x cuDNN on the 3x3 "
-              "NHWC shapes, lower on NCHW (strided channel loads); dX with stride > 1 wastes the masked taps; "
-              "pooling near torch's bandwidth (one pass, coalesced in the layout's order)")
+PREDICTION = ("tap-major implicit GEMM, K-major operands (cp.async + wgmma): forward 0.6-0.9x cuDNN on the 3x3 "
+              "NHWC shapes (A re-read once per tap from L2: ~9x the input's bytes), NCHW pays one NHWC copy "
+              "of x (~17 us bf16 at 64x64x56^2); 128x3x32^2 (flat reduction) and depthwise (direct) >= 1x; "
+              "dX (stride 1) as fast as the forward, dW per tap with split-K ~0.7x of the forward's rate; "
+              "pooling near torch's bandwidth")
 
 # (N, C, H, K, r, groups, stride): the issue's shapes, and one strided ResNet downsampling layer.
 CONV_SHAPES = [
@@ -32,8 +41,8 @@ CONV_SHAPES = [
     (128, 3, 32, 64, 3, 1, 1),
     (64, 128, 28, 128, 1, 1, 1),
     (64, 256, 28, 256, 3, 256, 1),
-    (64, 64, 56, 128, 3, 1, 2),
 ]
+STRIDED_SHAPES = [(64, 64, 56, 128, 3, 1, 2)]  # --all: a ResNet downsampling layer (dX by masked taps)
 SMOKE_SHAPES = [(2, 4, 6, 5, 3, 1, 1), (2, 4, 6, 4, 3, 4, 1), (1, 3, 7, 4, 1, 1, 2)]
 
 
@@ -55,12 +64,12 @@ def _layout(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last) if layout == "nhwc" else t.contiguous()
 
 
-def conv_cases(bench, shapes, device) -> None:
+def conv_cases(bench, shapes, device, precisions=("-", "tf32")) -> None:
     for N, C, H, K, r, groups, stride in shapes:
         pad = r // 2
         P = (H + 2 * pad - r) // stride + 1
         flops = 2 * N * K * P * P * (C // groups) * r * r
-        for dtype, precision in ((torch.bfloat16, "-"), (torch.float32, "tf32"), (torch.float32, "ieee")):
+        for dtype, precision in ((torch.bfloat16 if p == "-" else torch.float32, p) for p in precisions):
             ge2.set_matmul_precision("ieee" if precision == "-" else precision)
             torch.backends.cudnn.allow_tf32 = precision == "tf32"
             for layout in ("nchw", "nhwc"):
@@ -128,21 +137,72 @@ def pool_cases(bench, small: bool, device) -> None:
                                 torch=lambda: torch.autograd.grad(yt, (xt,), gy, retain_graph=True)), nbytes)
 
 
+class Precompile(Smoke):
+    """Calls ge2's functions of every i-th of n cases once with kernel launches replaced by
+    compilation of each autotune candidate (``JITFunction.run(warmup=True)``); times nothing."""
+
+    def __init__(self, shard: str):
+        import triton
+        from triton.runtime.jit import JITFunction
+
+        from ge2.tuning import PersistentAutotuner
+
+        self.i, self.n = (int(v) for v in shard.split("/"))
+        self.count = 0
+        self.compiled = 0
+        run = JITFunction.run
+        outer = self
+
+        def jit_run(fn, *args, grid, warmup, **kwargs):
+            return run(fn, *args, grid=grid, warmup=True, **kwargs)
+
+        def tuner_run(tuner, *args, **kwargs):
+            kwargs.pop("grid", None)
+            kwargs.pop("warmup", None)
+            tuner.nargs = dict(zip(tuner.arg_names, args))
+            for cfg in tuner.prune_configs(kwargs):
+                run(tuner.fn, *args, grid=(1,), warmup=True, **kwargs, **cfg.all_kwargs())
+                outer.compiled += 1
+            tuner.nargs = None
+
+        JITFunction.run = jit_run
+        PersistentAutotuner.run = tuner_run
+        triton.Config  # noqa: B018 (triton imported for its side effects above)
+
+    def add(self, labels, *, flops=None, **fns):
+        self.count += 1
+        if (self.count - 1) % self.n == self.i and fns.get("ge2") is not None:
+            fns["ge2"]()
+        return {}
+
+    def report(self, **extra):
+        print(f"precompile shard {self.i}/{self.n}: {self.compiled} kernel variants", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, each function once, no timing")
+    parser.add_argument("--precompile", metavar="I/N", help="compile shard I of N of the cases, time nothing")
+    parser.add_argument("--eager", action="store_true", help="time eager launches instead of CUDA-graph replays")
+    parser.add_argument("--ieee", action="store_true", help="add exact-fp32 rows")
+    parser.add_argument("--all", action="store_true", help="add the strided (downsampling) shape")
+    parser.add_argument("--no-pool", action="store_true", help="conv rows only")
     args = parser.parse_args()
     device = ge2.device()
     torch.backends.cudnn.benchmark = True
     if args.smoke:
         bench = Smoke()
+    elif args.precompile:
+        bench = Precompile(args.precompile)
     else:
         from bench.harness import Bench
 
-        bench = Bench("conv")
+        bench = Bench("conv", cuda_graph=not args.eager)
     print("prediction:", PREDICTION)
-    conv_cases(bench, SMOKE_SHAPES if args.smoke else CONV_SHAPES, device)
-    pool_cases(bench, args.smoke, device)
+    shapes = SMOKE_SHAPES if args.smoke else CONV_SHAPES + (STRIDED_SHAPES if args.all else [])
+    conv_cases(bench, shapes, device, ("-", "tf32", "ieee") if args.ieee else ("-", "tf32"))
+    if not args.no_pool:
+        pool_cases(bench, args.smoke, device)
     bench.report(prediction=PREDICTION)
 
 

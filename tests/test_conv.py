@@ -23,6 +23,8 @@ CASES = [
     (2, 8, 9, 5, 4, (1, 1), (2, 3), 0, 1, 2),            # 1x1, strided, grouped
     (2, 20, 5, 4, 40, (3, 3), 3, 2, 1, 1),               # C past one K block, K past one N tile; stride 3
     (1, 1, 1, 1, 1, (1, 1), 1, 0, 1, 1),                 # size-1 everything
+    (1, 34, 5, 4, 34, (2, 3), 1, 1, (2, 1), 2),          # 17 channels/group: tap-major fwd, dX and dW
+    (2, 5, 7, 6, 5, (3, 3), 2, 1, 1, 5),                 # depthwise, strided
 ]
 LARGE_CASES = [
     (8, 64, 56, 56, 64, (3, 3), 1, 1, 1, 1),

@@ -7,25 +7,42 @@ Forward (``conv2d``)::
 
 is a GEMM per group with M = N*P*Q rows (output pixels), N = Kg columns (the group's output
 channels) and a reduction over Cg*R*S. No im2col buffer exists: ``conv2d_fwd_kernel`` computes
-each A tile's input addresses from the output pixel and the (r, s, c-block) step, and masks the
-taps that fall in the padding. Every tensor is read and written through its strides, so NCHW
-(torch's default) and NHWC (channels-last) inputs take the same kernel; the caller allocates the
-output in the input's layout. The reduction walks (r, s) outermost and channels innermost, so
-each A tile is a [pixels, channels] slab: contiguous along channels in NHWC.
+each A tile's input addresses from the output pixel and the reduction step, and masks the taps
+that fall in the padding. It walks the reduction in one of two orders (constexpr ``FLAT``):
+
+* tap-major (Cg >= ``TAP_MIN_CHANNELS``): step = (r, s, channel block). The launcher hands it X
+  in NHWC (an NCHW input is copied once) and W as [K, R, S, Cg] (channels innermost), so both
+  operand tiles are contiguous along the reduction ("K-major"): 16-byte cp.async loads into the
+  software pipeline and wgmma straight from shared memory, for bf16/fp16 and for tf32 (whose
+  wgmma takes K-major operands only).
+* flat (few channels per group, e.g. an RGB stem): the reduction index walks (r, s, c) jointly,
+  so Cg*R*S = 27 is one 32-deep step instead of nine 16-deep steps that are 13/16 padding. The
+  tile is a plain gather, in any layout.
+
+The output is written through its strides in the input's layout. Pure depthwise convolutions
+(one input and one output channel per group) skip the GEMM: ``conv2d_depthwise_kernel`` is a
+direct stencil, one program per output row, coalesced along whichever of (q, c) is contiguous.
 
 Backward (``conv2d_backward``):
 
 1. gZ = gY * act'(Z or Y) and db = column sums of gZ: the GEMM module's ``bias_act_backward``
    on gY viewed as [N, P*Q, K] (per-tile partials then ``sum_partials_kernel``: no atomics).
-2. dX: an implicit GEMM over the transposed problem (``conv2d_dx_kernel``): M = N*H*W input
-   pixels, N = Cg, reduction over Kg*R*S. Input pixel h gets tap r from output row
-   p = (h + ph - r*dh) / sh when that division is exact and 0 <= p < P; other taps are masked.
-3. dW: a GEMM with M = Kg, N = Cg*R*S and the long reduction over N*P*Q (``conv2d_dw_kernel``),
-   split across programs when the tile grid alone would not fill the GPU; the fp32 split partials
-   are added in a fixed order by ``sum_partials_kernel`` (deterministic).
+2. dX, stride 1: the forward kernel itself, on gZ with the flipped, transposed weight
+   (Wt[c, k, r, s] = W[k, c, R-1-r, S-1-s], passed as a base offset and negative strides, no
+   flip pass) and padding d*(R-1) - p. Stride > 1: ``conv2d_dx_kernel``, an implicit GEMM over
+   the transposed problem (M = N*H*W input pixels, N = Cg, reduction over Kg*R*S) where input
+   pixel h gets tap r from output row p = (h + ph - r*dh) / sh when that division is exact.
+3. dW, Cg >= ``TAP_MIN_CHANNELS``: one GEMM per tap (``conv2d_dw_tap_kernel``): dW[:, :, r, s] =
+   gZ^T [Kg, N*P*Q] @ X shifted by the tap [N*P*Q, Cg], both read in NHWC; small Cg:
+   ``conv2d_dw_kernel`` with N = Cg*R*S flattened. Either way the long N*P*Q reduction is split
+   across programs when the tile grid alone would not fill the GPU; the fp32 split partials are
+   added in a fixed order by ``sum_partials_kernel`` (deterministic). Depthwise: a direct
+   reduction (``conv2d_depthwise_dw_kernel``).
 
 Numerics as in ``ge2.kernels.gemm``: bf16/fp16 operands with fp32 accumulation, fp32 operands
-with ``ge2.runtime.get_matmul_precision()`` ("ieee", "tf32", "tf32x3").
+with ``ge2.runtime.get_matmul_precision()`` ("ieee", "tf32", "tf32x3"). Unlike the GEMM, tf32
+operands are not rounded to nearest before the dot (that would route every tile through
+registers and serialize the wgmma pipeline): the tensor cores truncate the fp32 bits.
 """
 from __future__ import annotations
 
@@ -38,8 +55,7 @@ import triton.language as tl
 from ge2 import runtime
 from ge2.kernels import activations
 from ge2.kernels.activations import act_fwd
-from ge2.kernels.gemm import (ROUND_TF32, _precision, _round_to_tf32, _tile_coords, bias_act_backward,
-                              sum_partials_kernel, tile_config)
+from ge2.kernels.gemm import _precision, _tile_coords, bias_act_backward, sum_partials_kernel, tile_config
 
 
 class ConvGeometry(NamedTuple):
@@ -52,27 +68,37 @@ class ConvGeometry(NamedTuple):
     out_hw: tuple[int, int]
 
 
+# Channels per group from which the tap-major order (and its NHWC copy of an NCHW input) pays.
+TAP_MIN_CHANNELS = 16
+# Problems under this many multiply-adds are launch-bound: one config, no tuning.
+SMALL_PROBLEM = 1 << 24
+
 # ---------------------------------------------------------------------------------------------
-# Config space (Hopper): the GEMM's tiles. 16-bit operands take 64-deep K steps, fp32 32-deep
-# ones (same bytes per smem stage). Narrow-N tiles for the common K = 64 layers and for
-# depthwise/grouped convs whose per-group N is small.
+# Config space (Hopper). Tap-major tiles: 16-bit operands take 64-deep K steps, fp32 ones 32-deep
+# (same bytes per smem stage); BLOCK_N follows the layer's output channels (64 for the common
+# K = 64 layers, up to 256), so the launcher's pruning drops tiles wider than 2x the channels.
+# Flat tiles: one gather per step, no cp.async pipeline, so fewer stages.
 # ---------------------------------------------------------------------------------------------
 
-
-CONFIGS_16BIT = [
-    tile_config(128, 128, 64, 8, 3),
+CONFIGS_TAP_16 = [
     tile_config(128, 64, 64, 4, 4),
+    tile_config(128, 128, 64, 8, 3),
     tile_config(256, 64, 64, 8, 3),
-    tile_config(64, 128, 64, 4, 4),
-    tile_config(64, 64, 64, 4, 4),
-    tile_config(128, 32, 32, 4, 4),
+    tile_config(128, 256, 64, 8, 3),
+    tile_config(64, 64, 64, 4, 5),
 ]
-CONFIGS_FP32 = [
-    tile_config(128, 128, 32, 8, 3),
+CONFIGS_TAP_32 = [
     tile_config(128, 64, 32, 4, 4),
-    tile_config(64, 128, 32, 4, 4),
-    tile_config(64, 64, 32, 4, 4),
-    tile_config(128, 32, 16, 4, 4),
+    tile_config(128, 128, 32, 8, 3),
+    tile_config(256, 64, 32, 8, 3),
+    tile_config(128, 256, 32, 8, 3),
+    tile_config(64, 64, 32, 4, 5),
+]
+CONFIGS_FLAT = [
+    tile_config(128, 64, 32, 4, 2),
+    tile_config(256, 64, 32, 8, 2),
+    tile_config(64, 64, 32, 4, 2),
+    tile_config(128, 128, 32, 8, 2),
 ]
 # The interpreter runs one pinned config. Its cost is per program and per step, nearly independent
 # of tile size, so M is 64 wide (an 8x8 MNIST-like batch of 64 takes 64 programs, not 128); K stays
@@ -80,35 +106,72 @@ CONFIGS_FP32 = [
 INTERPRETER_CONFIG = tile_config(64, 32, 16, 4, 1, group_m=4)
 
 
-def _prune(configs, named_args, **_kwargs):
-    """Keep the configs that suit the operand width."""
-    operand = named_args["x_ptr"] if "x_ptr" in named_args else named_args["gz_ptr"]
-    wide = operand.element_size() <= 2
-    return [c for c in configs if (c in CONFIGS_16BIT) == wide] or configs[:1]
+def _next_pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
 
 
-_CONV_KEY = ["N", "C", "H", "W", "K", "P", "Q", "R", "S", "Cg", "sxc", "PRECISION"]
+def _prune_gemm(configs, *, wide: bool, flat: bool, n: int, macs: int):
+    """The configs of the operand width / reduction order, at most 2x wider than N; one if small."""
+    if flat:
+        space = CONFIGS_FLAT
+    else:
+        space = CONFIGS_TAP_16 if wide else CONFIGS_TAP_32
+    keep = [c for c in configs if c in space and c.kwargs["BLOCK_N"] <= max(64, 2 * _next_pow2(n))] or space[:1]
+    if macs < SMALL_PROBLEM:
+        return [min(keep, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+    return keep
 
 
-@runtime.autotune(CONFIGS_16BIT + CONFIGS_FP32, key=_CONV_KEY, default=INTERPRETER_CONFIG,
-                  prune_configs_by={"early_config_prune": _prune})
-@triton.jit
+def _prune_fwd(configs, named_args, **kwargs):
+    a = named_args
+    macs = a["N"] * a["P"] * a["Q"] * a["K"] * a["Cg"] * a["R"] * a["S"]
+    return _prune_gemm(configs, wide=a["x_ptr"].element_size() <= 2, flat=bool(kwargs.get("FLAT")), n=a["Kg"],
+                       macs=macs)
+
+
+def _prune_dx(configs, named_args, **kwargs):
+    a = named_args
+    macs = a["N"] * a["H"] * a["W"] * a["K"] * a["Cg"] * a["R"] * a["S"]
+    return _prune_gemm(configs, wide=a["gz_ptr"].element_size() <= 2, flat=False, n=a["Cg"], macs=macs)
+
+
+def _prune_dw(configs, named_args, **kwargs):
+    a = named_args
+    macs = a["N"] * a["P"] * a["Q"] * a["K"] * a["Cg"] * a["R"] * a["S"]
+    n = a["Cg"] if kwargs.get("PER_TAP") else a["Cg"] * a["R"] * a["S"]
+    return _prune_gemm(configs, wide=a["gz_ptr"].element_size() <= 2, flat=False, n=n, macs=macs)
+
+
+_ALL_GEMM_CONFIGS = CONFIGS_TAP_16 + CONFIGS_TAP_32 + CONFIGS_FLAT
+_CONV_KEY = ["N", "C", "H", "W", "K", "P", "Q", "R", "S", "Cg", "Kg", "sxc", "PRECISION"]
+# Sizes enter only index arithmetic and masks: not specialising them on divisibility lets a
+# batch-8 test shape reuse the batch-64 benchmark's compiled kernels.
+_SIZES = ["N", "C", "H", "W", "K", "P", "Q"]
+
+
+@runtime.autotune(_ALL_GEMM_CONFIGS, key=_CONV_KEY + ["FLAT"], default=INTERPRETER_CONFIG,
+                  prune_configs_by={"early_config_prune": _prune_fwd})
+@triton.jit(do_not_specialize=_SIZES)
 def conv2d_fwd_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, z_ptr,
     N, C, H, W, K, P, Q, R, S, Cg, Kg,
-    sxn, sxc, sxh, sxw, swk, swc, swr, sws, syn, syk, syp, syq, sbias,
+    sxn, sxc, sxh, sxw, swk, swc, swr, sws, swg, w_base, syn, syk, syp, syq, sbias,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, act_alpha,
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SAVE_Z: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, ROUND_TF32: tl.constexpr,
+    UPCAST: tl.constexpr, FLAT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    """One [BLOCK_M pixels, BLOCK_N channels] tile of Y for group program_id(1)."""
+    """One [BLOCK_M pixels, BLOCK_N channels] tile of Y for group program_id(1).
+
+    W[k, c, r, s] sits at w_ptr + w_base + g*swg + k*swk + c*swc + r*swr + s*sws (k absolute,
+    c within the group): the forward passes swg = w_base = 0, dX passes a flipped, transposed view.
+    """
     g = tl.program_id(1)
     M = N * P * Q
     pid_m, pid_n = _tile_coords(tl.program_id(0), M, Kg, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_c = tl.arange(0, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_K)
     q = offs_m % Q
     p = (offs_m // Q) % P
     n = offs_m // (P * Q)
@@ -116,31 +179,49 @@ def conv2d_fwd_kernel(
     mask_n = offs_n < Kg
     k_abs = g * Kg + offs_n
     x_rows = x_ptr + n.to(tl.int64) * sxn + (g * Cg).to(tl.int64) * sxc  # [BLOCK_M]
-    w_cols = w_ptr + k_abs.to(tl.int64) * swk  # [BLOCK_N]
+    w_cols = w_ptr + w_base + g * swg + k_abs.to(tl.int64) * swk  # [BLOCK_N]
     h0 = p * stride_h - pad_h
     w0 = q * stride_w - pad_w
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    c_blocks = tl.cdiv(Cg, BLOCK_K)
-    for step in range(0, R * S * c_blocks):
-        rs = step // c_blocks
-        c = (step % c_blocks) * BLOCK_K + offs_c
-        r = rs // S
-        s = rs % S
-        hi = h0 + r * dil_h
-        wi = w0 + s * dil_w
-        row_ok = mask_m & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
-        c_ok = c < Cg
-        a = tl.load(x_rows[:, None] + (hi * sxh + wi * sxw)[:, None] + c[None, :].to(tl.int64) * sxc,
-                    mask=row_ok[:, None] & c_ok[None, :], other=0.0)
-        b = tl.load(w_cols[None, :] + (c * swc)[:, None] + (r * swr + s * sws),
-                    mask=c_ok[:, None] & mask_n[None, :], other=0.0)
-        if UPCAST:  # the interpreter cannot do 16-bit arithmetic; exact products either way
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        if ROUND_TF32:
-            a = _round_to_tf32(a)
-            b = _round_to_tf32(b)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=tl.float32)
+    if FLAT:
+        CRS = Cg * R * S
+        for k0 in range(0, CRS, BLOCK_K):
+            kk = k0 + offs_k
+            c = kk % Cg
+            r = (kk // Cg) // S
+            s = (kk // Cg) % S
+            k_ok = kk < CRS
+            hi = h0[:, None] + (r * dil_h)[None, :]
+            wi = w0[:, None] + (s * dil_w)[None, :]
+            ok = mask_m[:, None] & k_ok[None, :] & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+            a = tl.load(x_rows[:, None] + (hi * sxh + wi * sxw) + (c * sxc)[None, :], mask=ok, other=0.0)
+            b = tl.load(w_cols[None, :] + (c * swc + r * swr + s * sws)[:, None],
+                        mask=k_ok[:, None] & mask_n[None, :], other=0.0)
+            if UPCAST:  # the interpreter cannot do 16-bit arithmetic; exact products either way
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=tl.float32)
+    else:
+        # One flat loop over (tap, channel block): a nested loop would leave the pipeliner an
+        # inner loop of one iteration when Cg == BLOCK_K.
+        c_blocks = tl.cdiv(Cg, BLOCK_K)
+        for step in range(0, R * S * c_blocks):
+            rs = step // c_blocks
+            c = (step % c_blocks) * BLOCK_K + offs_k
+            r = rs // S
+            s = rs % S
+            hi = h0 + r * dil_h
+            wi = w0 + s * dil_w
+            row_ok = mask_m & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+            c_ok = c < Cg
+            a = tl.load(x_rows[:, None] + (hi * sxh + wi * sxw)[:, None] + c[None, :] * sxc,
+                        mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+            b = tl.load(w_cols[None, :] + (c * swc)[:, None] + (r * swr + s * sws),
+                        mask=c_ok[:, None] & mask_n[None, :], other=0.0)
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=tl.float32)
     z = acc
     if HAS_BIAS:
         z += tl.load(bias_ptr + k_abs * sbias, mask=mask_n, other=0.0).to(tl.float32)[None, :]
@@ -152,18 +233,19 @@ def conv2d_fwd_kernel(
     tl.store(y_ptr + y_offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@runtime.autotune(CONFIGS_16BIT + CONFIGS_FP32, key=_CONV_KEY, default=INTERPRETER_CONFIG,
-                  prune_configs_by={"early_config_prune": _prune})
-@triton.jit
+@runtime.autotune(CONFIGS_TAP_16 + CONFIGS_TAP_32, key=_CONV_KEY, default=INTERPRETER_CONFIG,
+                  prune_configs_by={"early_config_prune": _prune_dx})
+@triton.jit(do_not_specialize=_SIZES)
 def conv2d_dx_kernel(
     gz_ptr, w_ptr, dx_ptr,
     N, C, H, W, K, P, Q, R, S, Cg, Kg,
     sgn, sgk, sgp, sgq, swk, swc, swr, sws, sxn, sxc, sxh, sxw,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND_TF32: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    """One [BLOCK_M input pixels, BLOCK_N input channels] tile of dX = gZ (*)^T W, group program_id(1).
+    """One [BLOCK_M input pixels, BLOCK_N input channels] tile of dX = gZ (*)^T W, group program_id(1),
+    for any stride (the stride-1 case goes through ``conv2d_fwd_kernel`` instead).
 
     ``sx*`` are dX's strides; ``C``/``sxc`` name them like the forward's so the tuning key matches.
     """
@@ -205,43 +287,54 @@ def conv2d_dx_kernel(
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        if ROUND_TF32:
-            a = _round_to_tf32(a)
-            b = _round_to_tf32(b)
         acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=tl.float32)
     dx_offs = (n.to(tl.int64) * sxn + hi * sxh + wi * sxw)[:, None] + c_abs[None, :].to(tl.int64) * sxc
     tl.store(dx_ptr + dx_offs, acc.to(dx_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-@runtime.autotune(CONFIGS_16BIT + CONFIGS_FP32, key=_CONV_KEY + ["SPLIT_LEN"], default=INTERPRETER_CONFIG,
-                  prune_configs_by={"early_config_prune": _prune})
-@triton.jit
+@runtime.autotune(CONFIGS_TAP_16 + CONFIGS_TAP_32, key=_CONV_KEY + ["SPLIT_LEN", "PER_TAP"],
+                  default=INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_dw})
+@triton.jit(do_not_specialize=_SIZES + ["SPLIT_LEN"])
 def conv2d_dw_kernel(
     gz_ptr, x_ptr, out_ptr,
     N, C, H, W, K, P, Q, R, S, Cg, Kg, SPLIT_LEN,
     sgn, sgk, sgp, sgq, sxn, sxc, sxh, sxw,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND_TF32: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, PER_TAP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    """One [BLOCK_M out channels, BLOCK_N (c, r, s)] tile of dW over pixels
-    [split*SPLIT_LEN, (split+1)*SPLIT_LEN) of N*P*Q, split = program_id(2), group program_id(1).
+    """A [BLOCK_M out channels, BLOCK_N] tile of dW over pixels [split*SPLIT_LEN, (split+1)*SPLIT_LEN)
+    of N*P*Q, split = program_id(2).
 
+    PER_TAP: program_id(1) = g*R*S + tap and the N columns are the group's Cg input channels
+    (contiguous in NHWC X); else program_id(1) = g and the columns are (c, r, s) flattened.
     Writes out[split, k, c, r, s] (contiguous): dW itself when there is one split, else fp32 partials.
     """
-    g = tl.program_id(1)
     split = tl.program_id(2)
     CRS = Cg * R * S
     L = N * P * Q
-    pid_m, pid_n = _tile_coords(tl.program_id(0), Kg, CRS, BLOCK_M, BLOCK_N, GROUP_M)
+    if PER_TAP:
+        g = tl.program_id(1) // (R * S)
+        rs = tl.program_id(1) % (R * S)
+        NCOLS = Cg
+    else:
+        g = tl.program_id(1)
+        rs = 0
+        NCOLS = CRS
+    pid_m, pid_n = _tile_coords(tl.program_id(0), Kg, NCOLS, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_j = tl.arange(0, BLOCK_K)
     mask_m = offs_m < Kg
-    mask_n = offs_n < CRS
-    c = offs_n // (R * S)
-    r = (offs_n // S) % R
-    s = offs_n % S
+    mask_n = offs_n < NCOLS
+    if PER_TAP:
+        c = offs_n
+        r = rs // S + offs_n * 0
+        s = rs % S + offs_n * 0
+    else:
+        c = offs_n // (R * S)
+        r = (offs_n // S) % R
+        s = offs_n % S
     g_rows = gz_ptr + (g * Kg + offs_m).to(tl.int64) * sgk  # [BLOCK_M]
     x_cols = x_ptr + (g * Cg + c).to(tl.int64) * sxc  # [BLOCK_N]
     lo = split * SPLIT_LEN
@@ -255,20 +348,127 @@ def conv2d_dw_kernel(
         n = (j // (P * Q)).to(tl.int64)
         a = tl.load(g_rows[:, None] + (n * sgn + p * sgp + q * sgq)[None, :],
                     mask=mask_m[:, None] & j_ok[None, :], other=0.0)
-        hx = (p * stride_h - pad_h)[:, None] + (r * dil_h)[None, :]
-        wx = (q * stride_w - pad_w)[:, None] + (s * dil_w)[None, :]
-        x_ok = j_ok[:, None] & mask_n[None, :] & (hx >= 0) & (hx < H) & (wx >= 0) & (wx < W)
-        b = tl.load(x_cols[None, :] + (n * sxn)[:, None] + hx * sxh + wx * sxw, mask=x_ok, other=0.0)
+        if PER_TAP:  # one tap: the input pixel depends on j only
+            hx = p * stride_h - pad_h + (rs // S) * dil_h
+            wx = q * stride_w - pad_w + (rs % S) * dil_w
+            x_ok = j_ok & (hx >= 0) & (hx < H) & (wx >= 0) & (wx < W)
+            b = tl.load(x_cols[None, :] + (n * sxn + hx * sxh + wx * sxw)[:, None],
+                        mask=x_ok[:, None] & mask_n[None, :], other=0.0)
+        else:
+            hx = (p * stride_h - pad_h)[:, None] + (r * dil_h)[None, :]
+            wx = (q * stride_w - pad_w)[:, None] + (s * dil_w)[None, :]
+            x_ok = j_ok[:, None] & mask_n[None, :] & (hx >= 0) & (hx < H) & (wx >= 0) & (wx < W)
+            b = tl.load(x_cols[None, :] + (n * sxn)[:, None] + hx * sxh + wx * sxw, mask=x_ok, other=0.0)
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        if ROUND_TF32:
-            a = _round_to_tf32(a)
-            b = _round_to_tf32(b)
         acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=tl.float32)
+    col = c * (R * S) + r * S + s  # (c, r, s) within [Cg, R, S]
     out_offs = (split.to(tl.int64) * K * CRS + ((g * Kg + offs_m) * CRS)[:, None].to(tl.int64)
-                + offs_n[None, :])
+                + col[None, :])
     tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+# ---------------------------------------------------------------------------------------------
+# Depthwise (one input and one output channel per group): direct stencils, memory-bound.
+# A program owns one output row (n, p) x BLOCK_Q columns x BLOCK_C channels; loads are coalesced
+# along q in NCHW (stride_w == 1 is specialised) and along c in NHWC.
+# ---------------------------------------------------------------------------------------------
+
+DEPTHWISE_CONFIGS = [
+    triton.Config({"BLOCK_Q": 32, "BLOCK_C": 64}, num_warps=4),
+    triton.Config({"BLOCK_Q": 16, "BLOCK_C": 128}, num_warps=4),
+    triton.Config({"BLOCK_Q": 64, "BLOCK_C": 32}, num_warps=4),
+    triton.Config({"BLOCK_Q": 8, "BLOCK_C": 128}, num_warps=4),
+]
+DEPTHWISE_INTERPRETER_CONFIG = triton.Config({"BLOCK_Q": 8, "BLOCK_C": 16}, num_warps=4)
+
+
+def _prune_depthwise(configs, named_args, **kwargs):
+    a = named_args
+    if a["N"] * a["P"] * a["Q"] * a["C"] < (1 << 20):
+        return configs[:1]
+    return configs
+
+
+@runtime.autotune(DEPTHWISE_CONFIGS, key=["N", "C", "H", "W", "P", "Q", "R", "S", "sxc", "syk"],
+                  default=DEPTHWISE_INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_depthwise})
+@triton.jit(do_not_specialize=_SIZES)
+def conv2d_depthwise_kernel(
+    x_ptr, w_ptr, bias_ptr, y_ptr, z_ptr,
+    N, C, H, W, P, Q, R, S,
+    sxn, sxc, sxh, sxw, swk, swr, sws, w_base, syn, syk, syp, syq, sbias,
+    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, act_alpha,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SAVE_Z: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Y[n, c, p, q] = act(sum_{r,s} X[n, c, p*sh - ph + r*dh, q*sw - pw + s*dw] * W[c, r, s] + b[c])
+    for row n*P + p = program_id(0); W[c, r, s] at w_ptr + w_base + c*swk + r*swr + s*sws."""
+    row = tl.program_id(0)
+    n = row // P
+    p = row % P
+    offs_q = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    offs_c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_q = offs_q < Q
+    mask_c = offs_c < C
+    x_base = x_ptr + n.to(tl.int64) * sxn + offs_c[None, :].to(tl.int64) * sxc  # [1, BLOCK_C]
+    w_cols = w_ptr + w_base + offs_c * swk
+    acc = tl.zeros((BLOCK_Q, BLOCK_C), dtype=tl.float32)
+    for r in range(0, R):
+        hi = p * stride_h - pad_h + r * dil_h
+        row_ok = (hi >= 0) & (hi < H)
+        for s in range(0, S):
+            wi = offs_q * stride_w - pad_w + s * dil_w
+            ok = (mask_q & (wi >= 0) & (wi < W) & row_ok)[:, None] & mask_c[None, :]
+            xv = tl.load(x_base + hi * sxh + (wi * sxw)[:, None], mask=ok, other=0.0)
+            wv = tl.load(w_cols + r * swr + s * sws, mask=mask_c, other=0.0)
+            acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
+    z = acc
+    if HAS_BIAS:
+        z += tl.load(bias_ptr + offs_c * sbias, mask=mask_c, other=0.0).to(tl.float32)[None, :]
+    y_offs = n.to(tl.int64) * syn + p * syp + (offs_q * syq)[:, None] + offs_c[None, :].to(tl.int64) * syk
+    mask = mask_q[:, None] & mask_c[None, :]
+    if SAVE_Z:
+        tl.store(z_ptr + y_offs, z.to(z_ptr.dtype.element_ty), mask=mask)
+    y = act_fwd(z, ACT, act_alpha)
+    tl.store(y_ptr + y_offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@runtime.autotune(DEPTHWISE_CONFIGS, key=["N", "C", "H", "W", "P", "Q", "R", "S", "sxc", "ROWS"],
+                  default=DEPTHWISE_INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_depthwise})
+@triton.jit(do_not_specialize=_SIZES + ["ROWS"])
+def conv2d_depthwise_dw_kernel(
+    gz_ptr, x_ptr, out_ptr,
+    N, C, H, W, P, Q, R, S, ROWS,
+    sgn, sgk, sgp, sgq, sxn, sxc, sxh, sxw,
+    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+    BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """out[split, c, tap] = sum over output rows [split*ROWS, (split+1)*ROWS) of N*P and all q of
+    gZ[n, c, p, q] * X[n, c, p*sh - ph + r*dh, q*sw - pw + s*dw]; tap = program_id(1), split = program_id(2)."""
+    offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    tap = tl.program_id(1)
+    split = tl.program_id(2)
+    r = tap // S
+    s = tap % S
+    mask_c = offs_c < C
+    acc = tl.zeros((BLOCK_Q, BLOCK_C), dtype=tl.float32)
+    for row in range(split * ROWS, tl.minimum(split * ROWS + ROWS, N * P)):
+        n = row // P
+        p = row % P
+        hi = p * stride_h - pad_h + r * dil_h
+        row_ok = (hi >= 0) & (hi < H)
+        g_row = gz_ptr + n.to(tl.int64) * sgn + p * sgp + offs_c[None, :].to(tl.int64) * sgk
+        x_row = x_ptr + n.to(tl.int64) * sxn + hi * sxh + offs_c[None, :].to(tl.int64) * sxc
+        for q0 in range(0, Q, BLOCK_Q):
+            q = q0 + tl.arange(0, BLOCK_Q)
+            wi = q * stride_w - pad_w + s * dil_w
+            q_ok = (q < Q)[:, None] & mask_c[None, :]
+            gv = tl.load(g_row + (q * sgq)[:, None], mask=q_ok, other=0.0)
+            xv = tl.load(x_row + (wi * sxw)[:, None], mask=q_ok & ((wi >= 0) & (wi < W) & row_ok)[:, None],
+                         other=0.0)
+            acc += gv.to(tl.float32) * xv.to(tl.float32)
+    tl.store(out_ptr + (split.to(tl.int64) * C + offs_c) * (R * S) + tap, tl.sum(acc, axis=0), mask=mask_c)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,10 +495,77 @@ def empty_like_layout(shape: tuple[int, ...], like: torch.Tensor, dtype: torch.d
     return torch.empty(shape, dtype=dtype or like.dtype, device=like.device, memory_format=fmt)
 
 
+def _nhwc(t: torch.Tensor) -> torch.Tensor:
+    """t itself when its channels are already contiguous, else a channels-last copy."""
+    return t if t.stride(1) == 1 or t.shape[1] == 1 else t.contiguous(memory_format=torch.channels_last)
+
+
 def _numerics(dtype: torch.dtype) -> dict:
-    precision = _precision(dtype)
-    return dict(PRECISION=precision, UPCAST=runtime.is_interpreter() and dtype in (torch.float16, torch.bfloat16),
-                ROUND_TF32=ROUND_TF32 and precision == "tf32" and not runtime.is_interpreter())
+    return dict(PRECISION=_precision(dtype),
+                UPCAST=runtime.is_interpreter() and dtype in (torch.float16, torch.bfloat16))
+
+
+class _WeightView(NamedTuple):
+    """How a kernel addresses W[k, c, r, s]: base + base_off + g*sg + k*sk + c*sc + r*sr + s*ss."""
+
+    tensor: torch.Tensor
+    sk: int
+    sc: int
+    sr: int
+    ss: int
+    sg: int
+    base_off: int
+
+
+def _weight_view(w: torch.Tensor) -> _WeightView:
+    """W [K, Cg, R, S] as the forward reads it."""
+    return _WeightView(w, *w.stride(), 0, 0)
+
+
+def _flipped_weight_view(w: torch.Tensor, groups: int) -> _WeightView:
+    """W of the stride-1 dX conv: Wt[c, k, r, s] = W[k, c, R-1-r, S-1-s] (c absolute, k within the group).
+
+    Wt[c, k] of group g is W[g*Kg + k, c - g*Cg]: the group offset g*(Kg*s0 - Cg*s1) goes in sg.
+    """
+    K, Cg, R, S = w.shape
+    s0, s1, s2, s3 = w.stride()
+    return _WeightView(w, s1, s0, -s2, -s3, (K // groups) * s0 - Cg * s1, (R - 1) * s2 + (S - 1) * s3)
+
+
+def _launch_fwd(x: torch.Tensor, wv: _WeightView, bias: torch.Tensor | None, y: torch.Tensor, z: torch.Tensor | None,
+                R: int, S: int, Cg: int, Kg: int, geo: ConvGeometry, code: int, act_alpha: float) -> None:
+    """Y [N, groups*Kg, P, Q] = act(conv(x [N, groups*Cg, H, W], W) + bias) through ``conv2d_fwd_kernel``."""
+    Nb, C, H, W = x.shape
+    K, P, Q = y.shape[1], y.shape[2], y.shape[3]
+    flat = Cg < TAP_MIN_CHANNELS
+    grid = lambda meta: (triton.cdiv(Nb * P * Q, meta["BLOCK_M"]) * triton.cdiv(Kg, meta["BLOCK_N"]), geo.groups)
+    conv2d_fwd_kernel[grid](
+        x, wv.tensor, bias if bias is not None else y, y, z if z is not None else y,
+        Nb, C, H, W, K, P, Q, R, S, Cg, Kg,
+        *x.stride(), wv.sk, wv.sc, wv.sr, wv.ss, wv.sg, wv.base_off, *y.stride(),
+        bias.stride(0) if bias is not None else 0,
+        *geo.stride, *geo.pad, *geo.dilation, float(act_alpha),
+        HAS_BIAS=bias is not None, ACT=code, SAVE_Z=z is not None, FLAT=flat, **_numerics(x.dtype),
+    )
+
+
+def _launch_depthwise(x: torch.Tensor, wv: _WeightView, bias: torch.Tensor | None, y: torch.Tensor,
+                      z: torch.Tensor | None, R: int, S: int, geo: ConvGeometry, code: int, act_alpha: float) -> None:
+    """Y = act(depthwise conv(x, W) + bias), one input and one output channel per group."""
+    Nb, C, H, W = x.shape
+    P, Q = y.shape[2], y.shape[3]
+    grid = lambda meta: (Nb * P, triton.cdiv(Q, meta["BLOCK_Q"]), triton.cdiv(C, meta["BLOCK_C"]))
+    conv2d_depthwise_kernel[grid](
+        x, wv.tensor, bias if bias is not None else y, y, z if z is not None else y,
+        Nb, C, H, W, P, Q, R, S,
+        *x.stride(), wv.sk, wv.sr, wv.ss, wv.base_off, *y.stride(), bias.stride(0) if bias is not None else 0,
+        *geo.stride, *geo.pad, *geo.dilation, float(act_alpha),
+        HAS_BIAS=bias is not None, ACT=code, SAVE_Z=z is not None,
+    )
+
+
+def _is_depthwise(weight: torch.Tensor, groups: int) -> bool:
+    return weight.shape[1] == 1 and weight.shape[0] == groups
 
 
 def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geo: ConvGeometry, *,
@@ -313,15 +580,15 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geo
     z = torch.empty_like(y) if save_z and activations.needs_z(code) else None
     if y.numel() == 0:
         return y, z
-    Kg = K // geo.groups
-    grid = lambda meta: (triton.cdiv(Nb * P * Q, meta["BLOCK_M"]) * triton.cdiv(Kg, meta["BLOCK_N"]), geo.groups)
-    conv2d_fwd_kernel[grid](
-        x, weight, bias if bias is not None else y, y, z if z is not None else y,
-        Nb, C, H, W, K, P, Q, R, S, Cg, Kg,
-        *x.stride(), *weight.stride(), *y.stride(), bias.stride(0) if bias is not None else 0,
-        *geo.stride, *geo.pad, *geo.dilation, float(act_alpha),
-        HAS_BIAS=bias is not None, ACT=code, SAVE_Z=z is not None, **_numerics(x.dtype),
-    )
+    if _is_depthwise(weight, geo.groups):
+        w = weight[:, 0]  # [K, R, S]
+        _launch_depthwise(x, _WeightView(w, w.stride(0), 0, w.stride(1), w.stride(2), 0, 0), bias, y, z, R, S, geo,
+                          code, act_alpha)
+        return y, z
+    if Cg >= TAP_MIN_CHANNELS:  # K-major operands for the tap-major loop
+        x = _nhwc(x)
+        weight = _nhwc(weight)
+    _launch_fwd(x, _weight_view(weight), bias, y, z, R, S, Cg, K // geo.groups, geo, code, act_alpha)
     return y, z
 
 
@@ -346,6 +613,92 @@ def _pixels_by_channels(gy: torch.Tensor) -> torch.Tensor:
     return gy.as_strided((Nb, P * Q, K), (gy.stride(0), gy.stride(3) if Q > 1 else gy.stride(2), gy.stride(1)))
 
 
+def _sum_splits(out: torch.Tensor, dw: torch.Tensor, splits: int) -> None:
+    if splits > 1:
+        sum_partials_kernel[(triton.cdiv(dw.numel(), 128),)](out, dw, splits, dw.numel(), BLOCK_P=32, BLOCK_L=128)
+
+
+def _dx(gz: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, geo: ConvGeometry) -> torch.Tensor:
+    """dX [N, C, H, W] in x's layout from gZ [N, K, P, Q]."""
+    Nb, C, H, W = x.shape
+    K, Cg, R, S = weight.shape
+    P, Q = geo.out_hw
+    Kg = K // geo.groups
+    dx = empty_like_layout(tuple(x.shape), x)
+    if dx.numel() == 0:
+        return dx
+    if gz.numel() == 0:
+        return dx.fill_(0)
+    if geo.stride == (1, 1):
+        # dX = conv(gZ, flipped W^T) with padding d*(R-1) - p: the forward kernel, gZ as its input.
+        (dh, dw_), (ph, pw) = geo.dilation, geo.pad
+        tgeo = ConvGeometry((1, 1), (dh * (R - 1) - ph, dw_ * (S - 1) - pw), geo.dilation, geo.groups, (H, W))
+        if _is_depthwise(weight, geo.groups):
+            w = weight[:, 0]  # [K, R, S], flipped through a base offset and negative strides
+            wv = _WeightView(w, w.stride(0), 0, -w.stride(1), -w.stride(2), 0,
+                             (R - 1) * w.stride(1) + (S - 1) * w.stride(2))
+            _launch_depthwise(gz, wv, None, dx, None, R, S, tgeo, activations.NONE, 0.0)
+            return dx
+        if Kg >= TAP_MIN_CHANNELS:  # K-major: gZ channels and W's output channels innermost
+            gz = _nhwc(gz)
+            weight = weight.permute(1, 2, 3, 0).contiguous().permute(3, 0, 1, 2)
+        _launch_fwd(gz, _flipped_weight_view(weight, geo.groups), None, dx, None, R, S, Kg, Cg, tgeo,
+                    activations.NONE, 0.0)
+        return dx
+    gz = _nhwc(gz)
+    wt = weight.permute(1, 2, 3, 0).contiguous().permute(3, 0, 1, 2)  # output channels innermost: K-major B
+    grid = lambda meta: (triton.cdiv(Nb * H * W, meta["BLOCK_M"]) * triton.cdiv(Cg, meta["BLOCK_N"]), geo.groups)
+    conv2d_dx_kernel[grid](
+        gz, wt, dx, Nb, C, H, W, K, P, Q, R, S, Cg, Kg,
+        *gz.stride(), *wt.stride(), *dx.stride(), *geo.stride, *geo.pad, *geo.dilation, **_numerics(x.dtype))
+    return dx
+
+
+def _dw(gz: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, geo: ConvGeometry) -> torch.Tensor:
+    """dW [K, C/groups, R, S] contiguous from gZ [N, K, P, Q] and x."""
+    Nb, C, H, W = x.shape
+    K, Cg, R, S = weight.shape
+    P, Q = geo.out_hw
+    Kg = K // geo.groups
+    L = Nb * P * Q
+    dw = torch.empty(tuple(weight.shape), dtype=weight.dtype, device=weight.device)
+    if dw.numel() == 0:
+        return dw
+    if L == 0:
+        return dw.fill_(0)
+    if _is_depthwise(weight, geo.groups):
+        rows = Nb * P
+        tiles = triton.cdiv(C, 64) * R * S
+        splits = max(1, min(triton.cdiv(DW_TARGET_PROGRAMS, tiles), rows // 8))
+        split_rows = triton.cdiv(rows, splits)
+        splits = triton.cdiv(rows, split_rows)
+        out = dw if splits == 1 and dw.dtype == torch.float32 else torch.empty(
+            (splits, dw.numel()), dtype=torch.float32, device=dw.device)
+        grid = lambda meta: (triton.cdiv(C, meta["BLOCK_C"]), R * S, splits)
+        conv2d_depthwise_dw_kernel[grid](
+            gz, x, out, Nb, C, H, W, P, Q, R, S, split_rows,
+            *gz.stride(), *x.stride(), *geo.stride, *geo.pad, *geo.dilation)
+        if out is not dw:
+            sum_partials_kernel[(triton.cdiv(dw.numel(), 128),)](out, dw, splits, dw.numel(), BLOCK_P=32, BLOCK_L=128)
+        return dw
+    per_tap = Cg >= TAP_MIN_CHANNELS
+    if per_tap:  # both operands read along channels
+        gz, x = _nhwc(gz), _nhwc(x)
+        tiles = triton.cdiv(Kg, 64) * triton.cdiv(Cg, 64) * geo.groups * R * S
+    else:
+        tiles = triton.cdiv(Kg, 64) * triton.cdiv(Cg * R * S, 64) * geo.groups
+    splits, split_len = _dw_splits(L, tiles)
+    out = dw if splits == 1 else torch.empty((splits, dw.numel()), dtype=torch.float32, device=dw.device)
+    ncols = Cg if per_tap else Cg * R * S
+    grid = lambda meta: (triton.cdiv(Kg, meta["BLOCK_M"]) * triton.cdiv(ncols, meta["BLOCK_N"]),
+                         geo.groups * (R * S if per_tap else 1), splits)
+    conv2d_dw_kernel[grid](
+        gz, x, out, Nb, C, H, W, K, P, Q, R, S, Cg, Kg, split_len,
+        *gz.stride(), *x.stride(), *geo.stride, *geo.pad, *geo.dilation, PER_TAP=per_tap, **_numerics(x.dtype))
+    _sum_splits(out, dw, splits)
+    return dw
+
+
 def conv2d_backward(gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, saved: torch.Tensor | None,
                     geo: ConvGeometry, *, has_bias: bool, act: str = "none", act_alpha: float = 0.01,
                     from_z: bool = False, need_x: bool = True, need_w: bool = True):
@@ -358,7 +711,6 @@ def conv2d_backward(gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, sav
     Nb, C, H, W = x.shape
     K, Cg, R, S = weight.shape
     P, Q = geo.out_hw
-    Kg = K // geo.groups
     need_gz = need_x or need_w
     copy_gz = need_gz and (code != activations.NONE or gy.dtype != x.dtype)
     dbias = None
@@ -370,35 +722,6 @@ def conv2d_backward(gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, sav
             bias_kind="per_n" if has_bias else "none", gz_dtype=x.dtype if copy_gz else None, beta=None)
         if copy_gz:  # [N, P*Q, K] contiguous: gZ in NHWC
             gz = gz3.as_strided((Nb, K, P, Q), (P * Q * K, 1, Q * K, K))
-    numerics = _numerics(x.dtype)
-    dx = dw = None
-    if need_x:
-        dx = empty_like_layout(tuple(x.shape), x)
-        if dx.numel():
-            if gy.numel() == 0:
-                dx.fill_(0)
-            else:
-                grid = lambda meta: (triton.cdiv(Nb * H * W, meta["BLOCK_M"]) * triton.cdiv(Cg, meta["BLOCK_N"]),
-                                     geo.groups)
-                conv2d_dx_kernel[grid](
-                    gz, weight, dx, Nb, C, H, W, K, P, Q, R, S, Cg, Kg,
-                    *gz.stride(), *weight.stride(), *dx.stride(), *geo.stride, *geo.pad, *geo.dilation, **numerics)
-    if need_w:
-        dw = torch.empty(tuple(weight.shape), dtype=weight.dtype, device=weight.device)
-        L = Nb * P * Q
-        if dw.numel():
-            if L == 0:
-                dw.fill_(0)
-            else:
-                tiles = triton.cdiv(Kg, 64) * triton.cdiv(Cg * R * S, 64) * geo.groups
-                splits, split_len = _dw_splits(L, tiles)
-                out = dw if splits == 1 else torch.empty((splits, dw.numel()), dtype=torch.float32, device=dw.device)
-                grid = lambda meta: (triton.cdiv(Kg, meta["BLOCK_M"]) * triton.cdiv(Cg * R * S, meta["BLOCK_N"]),
-                                     geo.groups, splits)
-                conv2d_dw_kernel[grid](
-                    gz, x, out, Nb, C, H, W, K, P, Q, R, S, Cg, Kg, split_len,
-                    *gz.stride(), *x.stride(), *geo.stride, *geo.pad, *geo.dilation, **numerics)
-                if splits > 1:
-                    sum_partials_kernel[(triton.cdiv(dw.numel(), 128),)](out, dw, splits, dw.numel(),
-                                                                        BLOCK_P=32, BLOCK_L=128)
+    dx = _dx(gz, x, weight, geo) if need_x else None
+    dw = _dw(gz, x, weight, geo) if need_w else None
     return dx, dw, dbias

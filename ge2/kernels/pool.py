@@ -28,6 +28,16 @@ _KEY = ["total", "R", "S", "CHANNELS_LAST"]
 
 
 @triton.jit
+def _flat_offsets(BLOCK: tl.constexpr, WIDE: tl.constexpr):
+    """This program's BLOCK flat indices: int32 unless some offset may pass 2**31 (WIDE). 64-bit
+    division is emulated on the GPU, and each lane decodes its index with three of them."""
+    pid = tl.program_id(0)
+    if WIDE:
+        pid = pid.to(tl.int64)
+    return pid * BLOCK + tl.arange(0, BLOCK)
+
+
+@triton.jit
 def _coords(offs, C, P, Q, CHANNELS_LAST: tl.constexpr):
     """(n, c, p, q) of flat indices ``offs`` into an [N, C, P, Q] tensor stored NHWC or NCHW."""
     if CHANNELS_LAST:
@@ -59,10 +69,10 @@ def max_pool2d_fwd_kernel(
     x_ptr, y_ptr, idx_ptr, total, C, H, W, P, Q, R, S,
     sxn, sxc, sxh, sxw, syn, syc, syp, syq,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-    CHANNELS_LAST: tl.constexpr, BLOCK: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Y[n, c, p, q] = max over the window, and its flat index h*W + w (int64)."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    offs = _flat_offsets(BLOCK, WIDE)
     mask = offs < total
     n, c, p, q = _coords(offs, C, P, Q, CHANNELS_LAST)
     base = x_ptr + n * sxn + c * sxc
@@ -90,10 +100,10 @@ def max_pool2d_bwd_kernel(
     gy_ptr, idx_ptr, dx_ptr, total, C, H, W, P, Q, R, S,
     sgn, sgc, sgp, sgq, sin, sic, sip, siq, sxn, sxc, sxh, sxw,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-    CHANNELS_LAST: tl.constexpr, BLOCK: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """dX[n, c, h, w] = sum of gY over the windows whose argmax is (h, w), gathered in tap order."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    offs = _flat_offsets(BLOCK, WIDE)
     mask = offs < total
     n, c, h, w = _coords(offs, C, H, W, CHANNELS_LAST)
     me = h * W + w
@@ -139,10 +149,11 @@ def avg_pool2d_fwd_kernel(
     x_ptr, y_ptr, total, C, H, W, P, Q, R, S,
     sxn, sxc, sxh, sxw, syn, syc, syp, syq,
     stride_h, stride_w, pad_h, pad_w,
-    DIVISOR: tl.constexpr, COUNT_INCLUDE_PAD: tl.constexpr, CHANNELS_LAST: tl.constexpr, BLOCK: tl.constexpr,
+    DIVISOR: tl.constexpr, COUNT_INCLUDE_PAD: tl.constexpr, CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """Y[n, c, p, q] = sum over the in-bounds window / divisor (0 for a window wholly in the padding)."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    offs = _flat_offsets(BLOCK, WIDE)
     mask = offs < total
     n, c, p, q = _coords(offs, C, P, Q, CHANNELS_LAST)
     divisor, hs, he, ws, we = _avg_divisor(p, q, stride_h, stride_w, pad_h, pad_w, R, S, H, W,
@@ -165,10 +176,11 @@ def avg_pool2d_bwd_kernel(
     gy_ptr, dx_ptr, total, C, H, W, P, Q, R, S,
     sgn, sgc, sgp, sgq, sxn, sxc, sxh, sxw,
     stride_h, stride_w, pad_h, pad_w,
-    DIVISOR: tl.constexpr, COUNT_INCLUDE_PAD: tl.constexpr, CHANNELS_LAST: tl.constexpr, BLOCK: tl.constexpr,
+    DIVISOR: tl.constexpr, COUNT_INCLUDE_PAD: tl.constexpr, CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """dX[n, c, h, w] = sum over the windows holding (h, w) of gY / divisor, gathered in tap order."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    offs = _flat_offsets(BLOCK, WIDE)
     mask = offs < total
     n, c, h, w = _coords(offs, C, H, W, CHANNELS_LAST)
     acc = tl.zeros((BLOCK,), tl.float32)
@@ -195,10 +207,10 @@ def _adaptive_window(p, P, H):
 def adaptive_avg_pool2d_fwd_kernel(
     x_ptr, y_ptr, total, C, H, W, P, Q, R, S,
     sxn, sxc, sxh, sxw, syn, syc, syp, syq,
-    CHANNELS_LAST: tl.constexpr, BLOCK: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Y[n, c, p, q] = mean of X over adaptive window (p, q); R x S is the largest window."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    offs = _flat_offsets(BLOCK, WIDE)
     mask = offs < total
     n, c, p, q = _coords(offs, C, P, Q, CHANNELS_LAST)
     hs, he = _adaptive_window(p, P, H)
@@ -220,13 +232,13 @@ def adaptive_avg_pool2d_fwd_kernel(
 def adaptive_avg_pool2d_bwd_kernel(
     gy_ptr, dx_ptr, total, C, H, W, P, Q, R, S,
     sgn, sgc, sgp, sgq, sxn, sxc, sxh, sxw,
-    CHANNELS_LAST: tl.constexpr, BLOCK: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """dX[n, c, h, w] = sum over the adaptive windows holding (h, w) of gY / window size.
 
     Row h lies in windows floor(h*P/H) .. floor(h*P/H) + R - 1 at most (R: the most windows on one row).
     """
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    offs = _flat_offsets(BLOCK, WIDE)
     mask = offs < total
     n, c, h, w = _coords(offs, C, H, W, CHANNELS_LAST)
     p0 = (h * P) // H
@@ -267,6 +279,12 @@ def _adaptive_bounds(size: int, out: int) -> tuple[int, int]:
     return max(b - a for a, b in zip(starts, ends)), max(cover)
 
 
+def _wide(*tensors: torch.Tensor) -> bool:
+    """Whether an element offset of any of the tensors (or the lane count) may pass int32."""
+    return any(t.numel() >= 2**31 or sum((d - 1) * abs(st) for d, st in zip(t.shape, t.stride())) >= 2**31 - 1
+               for t in tensors)
+
+
 def _grid(total: int):
     return lambda meta: (triton.cdiv(total, meta["BLOCK"]),)
 
@@ -279,7 +297,7 @@ def max_pool2d(x: torch.Tensor, kernel, stride, padding, dilation, out_hw) -> tu
     if y.numel():
         max_pool2d_fwd_kernel[_grid(y.numel())](
             x, y, idx, y.numel(), C, H, W, *out_hw, *kernel, *x.stride(), *y.stride(),
-            *stride, *padding, *dilation, CHANNELS_LAST=is_channels_last(y))
+            *stride, *padding, *dilation, CHANNELS_LAST=is_channels_last(y), WIDE=_wide(x, y, idx))
     return y, idx
 
 
@@ -291,7 +309,8 @@ def max_pool2d_backward(gy: torch.Tensor, idx: torch.Tensor, x_shape, kernel, st
     if dx.numel():
         max_pool2d_bwd_kernel[_grid(dx.numel())](
             gy, idx, dx, dx.numel(), C, H, W, gy.shape[2], gy.shape[3], *kernel, *gy.stride(), *idx.stride(),
-            *dx.stride(), *stride, *padding, *dilation, CHANNELS_LAST=is_channels_last(dx))
+            *dx.stride(), *stride, *padding, *dilation, CHANNELS_LAST=is_channels_last(dx),
+            WIDE=_wide(gy, idx, dx))
     return dx
 
 
@@ -304,7 +323,7 @@ def avg_pool2d(x: torch.Tensor, kernel, stride, padding, out_hw, count_include_p
         avg_pool2d_fwd_kernel[_grid(y.numel())](
             x, y, y.numel(), C, H, W, *out_hw, *kernel, *x.stride(), *y.stride(), *stride, *padding,
             DIVISOR=int(divisor_override or 0), COUNT_INCLUDE_PAD=bool(count_include_pad),
-            CHANNELS_LAST=is_channels_last(y))
+            CHANNELS_LAST=is_channels_last(y), WIDE=_wide(x, y))
     return y
 
 
@@ -317,7 +336,7 @@ def avg_pool2d_backward(gy: torch.Tensor, x_shape, kernel, stride, padding, coun
         avg_pool2d_bwd_kernel[_grid(dx.numel())](
             gy, dx, dx.numel(), C, H, W, gy.shape[2], gy.shape[3], *kernel, *gy.stride(), *dx.stride(),
             *stride, *padding, DIVISOR=int(divisor_override or 0), COUNT_INCLUDE_PAD=bool(count_include_pad),
-            CHANNELS_LAST=is_channels_last(dx))
+            CHANNELS_LAST=is_channels_last(dx), WIDE=_wide(gy, dx))
     return dx
 
 
@@ -330,7 +349,7 @@ def adaptive_avg_pool2d(x: torch.Tensor, out_hw) -> torch.Tensor:
         window = (_adaptive_bounds(H, P)[0], _adaptive_bounds(W, Q)[0])
         adaptive_avg_pool2d_fwd_kernel[_grid(y.numel())](
             x, y, y.numel(), C, H, W, P, Q, *window, *x.stride(), *y.stride(),
-            CHANNELS_LAST=is_channels_last(y))
+            CHANNELS_LAST=is_channels_last(y), WIDE=_wide(x, y))
     return y
 
 
@@ -343,5 +362,5 @@ def adaptive_avg_pool2d_backward(gy: torch.Tensor, x_shape, channels_last: bool)
         cover = (_adaptive_bounds(H, P)[1], _adaptive_bounds(W, Q)[1])
         adaptive_avg_pool2d_bwd_kernel[_grid(dx.numel())](
             gy, dx, dx.numel(), C, H, W, P, Q, *cover, *gy.stride(), *dx.stride(),
-            CHANNELS_LAST=is_channels_last(dx))
+            CHANNELS_LAST=is_channels_last(dx), WIDE=_wide(gy, dx))
     return dx
