@@ -197,7 +197,7 @@ def main() -> None:
     else:
         from bench.harness import Bench
 
-        bench = Bench("conv", cuda_graph=not args.eager)
+        bench = Bench("conv", cuda_graph=not args.eager, rep_ms=50)
     print("prediction:", PREDICTION)
     shapes = SMOKE_SHAPES if args.smoke else CONV_SHAPES + (STRIDED_SHAPES if args.all else [])
     conv_cases(bench, shapes, device, ("-", "tf32", "ieee") if args.ieee else ("-", "tf32"))

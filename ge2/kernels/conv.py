@@ -106,6 +106,12 @@ CONFIGS_FLAT = [
 INTERPRETER_CONFIG = tile_config(64, 32, 16, 4, 1, group_m=4)
 
 
+def tuning_bench(kernel_call, quantiles):
+    """Autotune timing for these kernels: tens of microseconds each, so 25 ms of repeats suffice
+    (Triton's default of 100 ms per candidate made first calls take seconds)."""
+    return triton.testing.do_bench(kernel_call, warmup=5, rep=25, quantiles=quantiles)
+
+
 def _next_pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
@@ -150,7 +156,7 @@ _SIZES = ["N", "C", "H", "W", "K", "P", "Q"]
 
 
 @runtime.autotune(_ALL_GEMM_CONFIGS, key=_CONV_KEY + ["FLAT"], default=INTERPRETER_CONFIG,
-                  prune_configs_by={"early_config_prune": _prune_fwd})
+                  prune_configs_by={"early_config_prune": _prune_fwd}, do_bench=tuning_bench)
 @triton.jit(do_not_specialize=_SIZES)
 def conv2d_fwd_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, z_ptr,
@@ -234,7 +240,7 @@ def conv2d_fwd_kernel(
 
 
 @runtime.autotune(CONFIGS_TAP_16 + CONFIGS_TAP_32, key=_CONV_KEY, default=INTERPRETER_CONFIG,
-                  prune_configs_by={"early_config_prune": _prune_dx})
+                  prune_configs_by={"early_config_prune": _prune_dx}, do_bench=tuning_bench)
 @triton.jit(do_not_specialize=_SIZES)
 def conv2d_dx_kernel(
     gz_ptr, w_ptr, dx_ptr,
@@ -293,7 +299,8 @@ def conv2d_dx_kernel(
 
 
 @runtime.autotune(CONFIGS_TAP_16 + CONFIGS_TAP_32, key=_CONV_KEY + ["SPLIT_LEN", "PER_TAP"],
-                  default=INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_dw})
+                  default=INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_dw},
+                  do_bench=tuning_bench)
 @triton.jit(do_not_specialize=_SIZES + ["SPLIT_LEN"])
 def conv2d_dw_kernel(
     gz_ptr, x_ptr, out_ptr,
@@ -392,7 +399,8 @@ def _prune_depthwise(configs, named_args, **kwargs):
 
 
 @runtime.autotune(DEPTHWISE_CONFIGS, key=["N", "C", "H", "W", "P", "Q", "R", "S", "sxc", "syk"],
-                  default=DEPTHWISE_INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_depthwise})
+                  default=DEPTHWISE_INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_depthwise},
+                  do_bench=tuning_bench)
 @triton.jit(do_not_specialize=_SIZES)
 def conv2d_depthwise_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, z_ptr,
@@ -435,7 +443,8 @@ def conv2d_depthwise_kernel(
 
 
 @runtime.autotune(DEPTHWISE_CONFIGS, key=["N", "C", "H", "W", "P", "Q", "R", "S", "sxc", "ROWS"],
-                  default=DEPTHWISE_INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_depthwise})
+                  default=DEPTHWISE_INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_depthwise},
+                  do_bench=tuning_bench)
 @triton.jit(do_not_specialize=_SIZES + ["ROWS"])
 def conv2d_depthwise_dw_kernel(
     gz_ptr, x_ptr, out_ptr,
