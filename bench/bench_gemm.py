@@ -16,10 +16,17 @@ captured training step sees); ``--mode end2end`` starts from host tensors and in
 in and out, launched eagerly. Ratios are torch time / ge2 time (> 1: ge2 faster). Run on the GPU:
 
     PYTHONPATH=. python3 bench/bench_gemm.py [--mode kernel] [--shapes main|sweep|all] [--dtypes bf16,fp16,tf32,ieee]
+        [--only 8192x4096x4096,...] [--bwd all|none|8192x1024x4096,...] [--precompile]
+
+``--precompile`` first compiles every TMA config of the selected rows in parallel processes, one
+config each (into Triton's on-disk cache): Triton's autotuner compiles one config after the other,
+which took most of a 10-minute run before; the tuning that follows then only times them.
 """
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +36,7 @@ from bench import harness
 from bench.harness import Bench
 from ge2.backend import call
 from ge2.kernels import gemm as gemm_kernels
+import triton  # noqa: E402  (after ge2, which decides TRITON_INTERPRET)
 
 MAIN_SHAPES = [  # (M, N, K, act)
     (4096, 4096, 4096, "relu"),
@@ -57,18 +65,44 @@ def _best_config() -> str:
     return "-"
 
 
-def bench_shape(bench: Bench, M: int, N: int, K: int, act: str, dtype_name: str, *, mode: str,
-                compile_: bool, backward: bool, variants: bool = False) -> None:
+def _inputs(M: int, N: int, K: int, dtype_name: str):
+    """Host and device x [M, K], W [N, K], b [N] in the row's dtype; sets the row's precision mode."""
     dtype, precision = DTYPES[dtype_name]
     gemm_kernels.ROUND_TF32 = dtype_name != "tf32-trunc"
     ge2.set_matmul_precision(precision)
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-    dev = "cuda"
     gen = torch.Generator(device="cpu").manual_seed(0)
     x_h = torch.randn(M, K, generator=gen).to(dtype)
     w_h = (torch.randn(N, K, generator=gen) / K ** 0.5).to(dtype)
     b_h = torch.randn(N, generator=gen).to(dtype)
-    x, w, b = x_h.to(dev), w_h.to(dev), b_h.to(dev)
+    return (x_h, w_h, b_h), (x_h.to("cuda"), w_h.to("cuda"), b_h.to("cuda"))
+
+
+def _ge2_fwd_bwd(x, w, b, act: str):
+    """ge2's Linear+act forward and backward (dx, dW, db) for one gY."""
+    gy = torch.randn(x.shape[0], w.shape[0], device=x.device, dtype=x.dtype)
+
+    def fwd_bwd():
+        y, z = call("gemm", x, w, None, b, trans_b=True, bias_kind="per_n", act=act, save_z=True)
+        return call("gemm_backward", gy, x, w, z, y, trans_b=True, bias_kind="per_n", act=act)
+
+    return fwd_bwd, gy
+
+
+def _tuning_times(tuner) -> dict[str, float]:
+    """The autotuner's last measurements, config -> ms (how far the runners-up are behind)."""
+    out = {}
+    for cfg, t in (getattr(tuner, "configs_timings", None) or {}).items():
+        k = cfg.kwargs
+        name = f"{k['BLOCK_M']}x{k['BLOCK_N']}x{k['BLOCK_K']} w{cfg.num_warps} s{cfg.num_stages}"
+        out[name] = round(float(t[0] if isinstance(t, (list, tuple)) else t), 4)
+    return out
+
+
+def bench_shape(bench: Bench, M: int, N: int, K: int, act: str, dtype_name: str, *, mode: str,
+                compile_: bool, backward: bool, variants: bool = False, forward: bool = True) -> None:
+    (x_h, w_h, b_h), (x, w, b) = _inputs(M, N, K, dtype_name)
+    dev = "cuda"
     torch_act = TORCH_ACT[act]
     labels = {"shape": f"{M}x{N}x{K}", "act": act, "dtype": dtype_name, "mode": mode}
 
@@ -100,20 +134,20 @@ def bench_shape(bench: Bench, M: int, N: int, K: int, act: str, dtype_name: str,
             return lambda: fn(x_h.to(dev, non_blocking=True), w_h.to(dev, non_blocking=True),
                               b_h.to(dev, non_blocking=True)).cpu()
         fns = {k: end2end(fn) for k, fn in fns.items() if k != "mm"}
+    tuner = gemm_kernels.gemm_tma_kernel
+    tuned_before = len(getattr(tuner, "tuned_keys", []))
     ge2_fwd()  # tune first (outside any graph capture), so that the config column names the one timed
     if compiled is not None:
         compiled()
     config = _best_config()
-    row = bench.add({**labels, "pass": "fwd"}, flops=2.0 * M * N * K, **fns)
-    row["config"] = config
+    if forward:
+        row = bench.add({**labels, "pass": "fwd"}, flops=2.0 * M * N * K, **fns)
+        row["config"] = config
+        if len(getattr(tuner, "tuned_keys", [])) > tuned_before:  # this row tuned the TMA kernel: keep every time
+            row["tuning_ms"] = _tuning_times(tuner)
 
     if backward and mode == "kernel":
-        gy = torch.randn(M, N, device=dev, dtype=dtype)
-
-        def ge2_fwd_bwd():
-            y, z = call("gemm", x, w, None, b, trans_b=True, bias_kind="per_n", act=act, save_z=True)
-            return call("gemm_backward", gy, x, w, z, y, trans_b=True, bias_kind="per_n", act=act)
-
+        ge2_fwd_bwd, gy = _ge2_fwd_bwd(x, w, b, act)
         xr, wr, br = (t.detach().clone().requires_grad_() for t in (x, w, b))
 
         def torch_fwd_bwd():
@@ -141,6 +175,55 @@ def plot(json_path: str, png_path: str) -> None:
                  ylabel="TFLOP/s", logx=True)
 
 
+def _rows(args) -> list[tuple[int, int, int, str, str, bool, bool, bool]]:
+    """(M, N, K, act, dtype, forward, backward, sweep) of every row the arguments select."""
+    rows = []
+    only = set(args.only.split(",")) if args.only else None
+    bwd = set() if args.bwd in ("all", "none") else set(args.bwd.split(","))
+    if args.shapes in ("main", "all"):
+        for dtype_name in args.dtypes.split(","):
+            for M, N, K, act in MAIN_SHAPES:
+                if dtype_name == "ieee" and M * N * K > 4096 ** 3:
+                    continue  # the FMA path: two shapes say enough, at a fraction of the time
+                shape = f"{M}x{N}x{K}"
+                forward = only is None or shape in only
+                backward = dtype_name != "tf32-trunc" and ((args.bwd == "all" and forward) or shape in bwd)
+                if forward or backward:
+                    rows.append((M, N, K, act, dtype_name, forward, backward, False))
+    if args.shapes in ("sweep", "all"):
+        for dtype_name in args.sweep_dtypes.split(","):
+            for M, N, K, act in SWEEP_SHAPES:
+                rows.append((M, N, K, act, dtype_name, True, False, True))
+    return rows
+
+
+def precompile(args) -> None:
+    """Compile each TMA config of the selected rows in its own process (Triton's on-disk cache)."""
+    configs = gemm_kernels.TMA_CONFIGS_16BIT + gemm_kernels.TMA_CONFIGS_FP32
+    argv = [a for a in sys.argv[1:] if a not in ("--precompile", "--compile-only")]
+    procs = [subprocess.Popen([sys.executable, sys.argv[0], *argv, "--pin-config", str(i)]) for i in range(len(configs))]
+    failed = sum(p.wait() != 0 for p in procs)
+    print(f"precompile: {len(configs)} configs compiled in parallel ({failed} processes failed)", flush=True)
+
+
+def _run_pinned(args) -> None:
+    """Child of ``precompile``: run each selected row once with TMA config ``--pin-config`` alone."""
+    configs = gemm_kernels.TMA_CONFIGS_16BIT + gemm_kernels.TMA_CONFIGS_FP32
+    cfg = configs[args.pin_config]
+    gemm_kernels.gemm_tma_kernel.configs = [cfg]  # one config: the autotuner compiles it and times nothing
+    for M, N, K, act, dtype_name, forward, backward, _ in _rows(args):
+        if (DTYPES[dtype_name][0] != torch.float32) != (cfg in gemm_kernels.TMA_CONFIGS_16BIT):
+            continue
+        _, (x, w, b) = _inputs(M, N, K, dtype_name)
+        try:
+            call("gemm", x, w, None, b, trans_b=True, bias_kind="per_n", act=act)
+            if backward:
+                _ge2_fwd_bwd(x, w, b, act)[0]()
+        except triton.runtime.errors.OutOfResources:
+            pass  # the autotuner will skip this config too
+    torch.cuda.synchronize()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mode", choices=("kernel", "end2end"), default="kernel")
@@ -151,26 +234,30 @@ def main() -> None:
     parser.add_argument("--variants", action="store_true", help="add a column for the non-TMA kernel")
     parser.add_argument("--name", default=None, help="JSON name under bench/results/ (default gemm_<mode>)")
     parser.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"), help="only plot a saved sweep")
+    parser.add_argument("--only", default=None, help="main shapes to run, e.g. 4096x4096x4096,512x784x1024")
+    parser.add_argument("--bwd", default="all",
+                        help="fwd+bwd rows: all (of the --only shapes), none, or a list of main shapes")
+    parser.add_argument("--precompile", action="store_true", help="compile the TMA configs in parallel first")
+    parser.add_argument("--compile-only", action="store_true", help="with --precompile: stop after compiling")
+    parser.add_argument("--pin-config", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plot:
         return plot(*args.plot)
     if not torch.cuda.is_available():
         raise SystemExit("bench_gemm: needs a CUDA GPU (timings under the interpreter mean nothing)")
+    if args.pin_config is not None:
+        return _run_pinned(args)
+    if args.precompile:
+        precompile(args)
+        if args.compile_only:
+            return
 
     # Kernel mode times CUDA-graph replays: the host's launch overhead (tens of microseconds per
     # op in Python, for ge2 and torch alike) would otherwise swamp the small shapes.
     bench = Bench(args.name or f"gemm_{args.mode}", cuda_graph=args.mode == "kernel")
-    if args.shapes in ("main", "all"):
-        for dtype_name in args.dtypes.split(","):
-            for M, N, K, act in MAIN_SHAPES:
-                if dtype_name == "ieee" and M * N * K > 4096 ** 3:
-                    continue  # the FMA path: two shapes say enough, at a fraction of the time
-                bench_shape(bench, M, N, K, act, dtype_name, mode=args.mode, compile_=args.compile,
-                            backward=dtype_name != "tf32-trunc", variants=args.variants)
-    if args.shapes in ("sweep", "all"):
-        for dtype_name in args.sweep_dtypes.split(","):
-            for M, N, K, act in SWEEP_SHAPES:
-                bench_shape(bench, M, N, K, act, dtype_name, mode=args.mode, compile_=False, backward=False)
+    for M, N, K, act, dtype_name, forward, backward, sweep in _rows(args):
+        bench_shape(bench, M, N, K, act, dtype_name, mode=args.mode, compile_=args.compile and not sweep,
+                    backward=backward, variants=args.variants and not sweep, forward=forward)
     bench.report(shapes="M x N x K; x [M,K] @ W[N,K]^T + b[N]", mode=args.mode)
 
 

@@ -306,6 +306,57 @@ def test_layouts_forward_backward(dtype, precision, trans_a, trans_b, monkeypatc
         assert_matches(g, want, theirs, name=label)
 
 
+def _round_to_tf32(t: torch.Tensor) -> torch.Tensor:
+    """fp32 rounded to nearest (ties to even) at tf32's 10 mantissa bits (finite inputs)."""
+    bits = t.contiguous().view(torch.int32)
+    return ((bits + 0xFFF + ((bits >> 13) & 1)) & -0x2000).view(torch.float32)
+
+
+def _without_tf32_ties(t: torch.Tensor) -> torch.Tensor:
+    """t with its lowest mantissa bit set: no value lies halfway between two tf32 numbers, so every
+    round-to-nearest (ties to even as TMA, away as cuBLAS) gives the same operands."""
+    return (t.contiguous().view(torch.int32) | 1).view(torch.float32)
+
+
+TMA_CONFIGS = gemm_kernels.TMA_CONFIGS_16BIT + gemm_kernels.TMA_CONFIGS_FP32
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the TMA kernel runs on Hopper GPUs only")
+@pytest.mark.parametrize("index", range(len(TMA_CONFIGS)))
+def test_tma_every_config(index, monkeypatch):
+    """Each TMA config alone (tuning picks any of them), with more tiles than programs and ragged
+    edges in M, N and K. fp32-tf32: the operands must reach the tensor cores rounded to nearest tf32
+    (by the copy engine): z equals float64 arithmetic on the rounded operands to fp32 accumulation
+    error, ~100x below what truncated (or unrounded) operands give."""
+    if gemm_kernels._tma_sms(torch.device("cuda")) == 0:
+        pytest.skip("no TMA before Hopper")
+    cfg = TMA_CONFIGS[index]
+    fp32 = cfg in gemm_kernels.TMA_CONFIGS_FP32
+    dtype = torch.float32 if fp32 else torch.bfloat16
+    monkeypatch.setattr(gemm_kernels.gemm_tma_kernel, "configs", [cfg])
+    monkeypatch.setattr(gemm_kernels.gemm_tma_kernel, "best_config", None, raising=False)
+    M, N, K = 3000, 1560, 776
+    x, w, bias = randn(M, K, dtype=dtype, seed=31), randn(N, K, dtype=dtype, seed=32), randn(N, dtype=dtype, seed=33)
+    if fp32:
+        x, w = _without_tf32_ties(x), _without_tf32_ties(w)
+    attrs = dict(trans_a=False, trans_b=True, alpha=1.0, beta=0.0, bias_kind="per_n", act="gelu", act_alpha=0.01)
+    old = ge2.set_matmul_precision("tf32")
+    try:
+        y, z = call("gemm", x, w, None, bias, save_z=True, **attrs)
+    finally:
+        ge2.set_matmul_precision(old)
+    assert gemm_kernels.gemm_tma_kernel.best_config is cfg, "the TMA kernel did not run"
+    # Y == act(Z); in bf16 both are roundings of the same fp32 z, so they agree to a bf16 ulp.
+    assert rel_error(y, _ACT["gelu"](z.double(), 0.01)) <= (2e-6 if fp32 else 2 ** -8)
+    if fp32:
+        _, z_rounded = _reference(_round_to_tf32(x), _round_to_tf32(w), None, bias, dtype=torch.float64, **attrs)
+        assert rel_error(z, z_rounded) <= 1e-5, "operands not rounded to nearest tf32"
+    else:
+        y64, _ = _reference(x, w, None, bias, dtype=torch.float64, **attrs)
+        y_torch, _ = _reference(x, w, None, bias, **attrs)
+        assert_matches(y, y64, y_torch, name=f"y bf16 config {index}")
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input: a clear error naming the op and the argument
 # ---------------------------------------------------------------------------------------------

@@ -31,6 +31,8 @@ fp32 (fp64 for fp64 inputs). fp32 operands use ``ge2.runtime.get_matmul_precisio
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -229,6 +231,9 @@ def gemm_epilogue_kernel(
 # epilogue); the copy engine fetches A/B tiles into shared memory (zero-filled past the edges,
 # so no masks and no address arithmetic in the main loop). Used for 2-D problems whose operands
 # each have a unit stride (any of the 4 K-major / MN-major combinations) and 16-byte aligned rows.
+# A config's shared memory (the sm_90 build's: stages plus the epilogue's layout-conversion
+# buffer, which stays live beside the next tile's prefetched stages) must stay under 227 KB, or it
+# cannot launch; the sizes below are the compiled ones, with an fp32 output.
 USE_TMA = True
 
 
@@ -238,25 +243,74 @@ def _tma_block_shapes(nargs) -> None:
     nargs["b_desc"].block_shape = [bn, bk] if nargs["B_KMAJOR"] else [bk, bn]
 
 
-def _tma_cfg(bm, bn, bk, warps, stages, group_m=8) -> triton.Config:
-    return tile_config(bm, bn, bk, warps, stages, group_m, pre_hook=_tma_block_shapes)
+def _tma_cfg(bm, bn, bk, warps, stages, group_m=8, epi_split=False) -> triton.Config:
+    cfg = tile_config(bm, bn, bk, warps, stages, group_m, pre_hook=_tma_block_shapes)
+    cfg.kwargs["EPI_SPLIT"] = epi_split
+    return cfg
 
 
 TMA_CONFIGS_16BIT = [
     _tma_cfg(128, 256, 64, 8, 3),
-    _tma_cfg(128, 256, 64, 8, 4),
+    _tma_cfg(128, 256, 64, 8, 4),           # 224 KB
     _tma_cfg(128, 128, 64, 8, 4),
     _tma_cfg(128, 128, 64, 4, 4),
     _tma_cfg(64, 128, 64, 4, 4),
     _tma_cfg(64, 64, 64, 4, 4),
 ]
-TMA_CONFIGS_FP32 = [
-    _tma_cfg(128, 256, 32, 8, 3),
-    _tma_cfg(128, 128, 32, 8, 4),
-    _tma_cfg(128, 128, 32, 4, 4),
+TMA_CONFIGS_FP32 = [  # an fp32 tile's epilogue buffer is 2x a 16-bit one's: split it, or fewer stages fit
+    _tma_cfg(128, 256, 32, 8, 3, epi_split=True),  # 208 KB (unsplit: 272 KB, cannot launch)
+    _tma_cfg(128, 256, 32, 8, 2),           # 224 KB
+    _tma_cfg(128, 128, 32, 8, 4),           # 192 KB
+    _tma_cfg(128, 128, 32, 4, 4),           # 160 KB
     _tma_cfg(64, 128, 32, 4, 4),
     _tma_cfg(64, 64, 32, 4, 4),
 ]
+
+
+# tf32 through TMA: a tensor map of element type TFLOAT32 makes the copy engine round each fp32
+# operand to nearest tf32 on its way into shared memory, so the tensor cores get cuBLAS's operands
+# for free. Rounding in registers instead (_round_to_tf32) sent every B tile through registers and
+# back to shared memory before a synchronous wgmma: 0.64x of cuBLAS at 4096^3 (TTGIR: local_load,
+# cvt, local_alloc, warp_group_dot_wait pendings=0 in every k step). Later Tritons take
+# TensorDescriptor(..., round_f32_to_tf32=True); Triton 3.6's launcher always encodes the element
+# type the kernel was compiled for, so ``_tma_rounding`` teaches it the same flag (the same
+# substitution as upstream's: element type 11, CU_TENSOR_MAP_DATA_TYPE_TFLOAT32).
+_CU_TENSOR_MAP_DATA_TYPE_TFLOAT32 = 11
+_TMA_ROUNDING: list = []  # [descriptor class taking round_f32_to_tf32] once probed; [None] if unsupported
+
+
+def _tma_rounding():
+    """A TensorDescriptor class whose ``round_f32_to_tf32=True`` makes TMA round fp32 to tf32, or None."""
+    if _TMA_ROUNDING:
+        return _TMA_ROUNDING[0]
+    import dataclasses
+
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    cls = None
+    if "round_f32_to_tf32" in {f.name for f in dataclasses.fields(TensorDescriptor)}:
+        cls = TensorDescriptor
+    else:
+        try:
+            from triton.backends.nvidia import driver
+            encode = driver.make_tensordesc_arg
+            host_type = driver.TMA_DTYPE_DEVICE_TO_HOST
+        except (ImportError, AttributeError):
+            encode = host_type = None
+        if encode is not None and host_type.get(_CU_TENSOR_MAP_DATA_TYPE_TFLOAT32) == _CU_TENSOR_MAP_DATA_TYPE_TFLOAT32:
+            @dataclasses.dataclass
+            class RoundingTensorDescriptor(TensorDescriptor):
+                round_f32_to_tf32: bool = False
+
+            def make_tensordesc_arg(arg, metadata):
+                if metadata is not None and getattr(arg, "round_f32_to_tf32", False):
+                    metadata = {**metadata, "elem_type": _CU_TENSOR_MAP_DATA_TYPE_TFLOAT32}
+                return encode(arg, metadata)
+
+            driver.make_tensordesc_arg = make_tensordesc_arg  # looked up per launch by the launcher
+            cls = RoundingTensorDescriptor
+    _TMA_ROUNDING.append(cls)
+    return cls
 
 
 def _prune_tma(configs, named_args, **kwargs):
@@ -285,8 +339,12 @@ def gemm_tma_kernel(
     A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, OPERAND_BYTES: tl.constexpr,
     PRECISION: tl.constexpr, ROUND_TF32: tl.constexpr, NUM_SMS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EPI_SPLIT: tl.constexpr,
 ):
-    """The same Y = act(alpha * A @ B + beta * C + bias) as gemm_epilogue_kernel; grid = (SMs,)."""
+    """The same Y = act(alpha * A @ B + beta * C + bias) as gemm_epilogue_kernel; grid = (SMs,).
+
+    ROUND_TF32 rounds the operands in registers: only where the descriptors cannot (``_tma_rounding``).
+    """
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True):
@@ -303,9 +361,18 @@ def gemm_tma_kernel(
                 b = _round_to_tf32(b)
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
         offs_m = m0 + tl.arange(0, BLOCK_M)
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        _epilogue(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn, bias_ptr, stride_bias,
-                  y_ptr, z_ptr, stride_ym, stride_yn, alpha, beta, act_alpha, HAS_C, BIAS_KIND, ACT, SAVE_Z)
+        if EPI_SPLIT:  # two BLOCK_N/2 halves: half the epilogue's shared-memory buffer
+            acc0, acc1 = acc.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
+            offs_n = n0 + tl.arange(0, BLOCK_N // 2)
+            _epilogue(acc0, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn, bias_ptr, stride_bias,
+                      y_ptr, z_ptr, stride_ym, stride_yn, alpha, beta, act_alpha, HAS_C, BIAS_KIND, ACT, SAVE_Z)
+            _epilogue(acc1, offs_m, offs_n + BLOCK_N // 2, M, N, c_ptr, stride_cm, stride_cn, bias_ptr,
+                      stride_bias, y_ptr, z_ptr, stride_ym, stride_yn, alpha, beta, act_alpha,
+                      HAS_C, BIAS_KIND, ACT, SAVE_Z)
+        else:
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            _epilogue(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn, bias_ptr, stride_bias,
+                      y_ptr, z_ptr, stride_ym, stride_yn, alpha, beta, act_alpha, HAS_C, BIAS_KIND, ACT, SAVE_Z)
 
 
 _SM_COUNT: dict[int, int] = {}  # Hopper+ devices -> SM count; 0 for older ones (no TMA path)
@@ -318,10 +385,16 @@ def _tma_sms(device: torch.device) -> int:
     return _SM_COUNT[device.index]
 
 
-def _tma_descriptors(a_view, b_view):
-    """(a_desc, b_desc, a_kmajor, b_kmajor) when the TMA kernel can take these operands, else None."""
+def _tma_descriptors(a_view, b_view, round_tf32: bool = False):
+    """(a_desc, b_desc, a_kmajor, b_kmajor) when the TMA kernel can take these operands, else None.
+
+    With ``round_tf32`` the descriptors round fp32 to tf32 if this Triton lets them (``_tma_rounding``).
+    """
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    rounding = _tma_rounding() if round_tf32 else None
+    if rounding is not None:
+        TensorDescriptor = functools.partial(rounding, round_f32_to_tf32=True)  # noqa: N806
     a, (sab, sam, sak), batch, M, K = a_view
     b, (sbb, sbk, sbn), _, _, N = b_view
     if batch != 1 or a.dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -392,8 +465,8 @@ def _launch(a_view, b_view, y, *, z=None, c=None, bias=None, bias_kind=0, act=0,
         a_view, b_view = _k_major(a_view, "a"), _k_major(b_view, "b")
         a, (sab, sam, sak) = a_view[0], a_view[1]
         b, (sbb, sbk, sbn) = b_view[0], b_view[1]
-    tma = (_tma_descriptors(a_view, b_view) if USE_TMA and not reduce_batch and not runtime.is_interpreter()
-           and M * N * K >= SMALL_PROBLEM and _tma_sms(a.device) else None)
+    tma = (_tma_descriptors(a_view, b_view, round_tf32) if USE_TMA and not reduce_batch
+           and not runtime.is_interpreter() and M * N * K >= SMALL_PROBLEM and _tma_sms(a.device) else None)
     if tma is not None:
         a_desc, b_desc, a_kmajor, b_kmajor = tma
         num_sms = _tma_sms(a.device)
@@ -406,7 +479,8 @@ def _launch(a_view, b_view, y, *, z=None, c=None, bias=None, bias_kind=0, act=0,
             float(alpha), float(beta), float(act_alpha),
             HAS_C=c is not None, BIAS_KIND=bias_kind, ACT=act, SAVE_Z=z is not None,
             A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, OPERAND_BYTES=a.element_size(),
-            PRECISION=precision, ROUND_TF32=round_tf32, NUM_SMS=num_sms,
+            PRECISION=precision, ROUND_TF32=round_tf32 and not getattr(a_desc, "round_f32_to_tf32", False),
+            NUM_SMS=num_sms,
         )
         return
     ys = (y.stride(0) if y.dim() == 3 else 0, y.stride(-2), y.stride(-1))
