@@ -152,7 +152,7 @@ def bench_cross_entropy(bench: Bench, shapes, dtypes) -> None:
 SPLIT_SWEEP = [(2048, 4), (4096, 8), (8192, 16), (8192, 8), (16384, 32)]
 
 
-def sweep_split(bench: Bench, long_shape, short_shape, dtypes) -> dict:
+def sweep_split(bench: Bench, long_shape, short_shape, dtypes, configs=SPLIT_SWEEP) -> dict:
     """Kernel-level fwd+bwd (targets, fused pass, loss sum) per split config; sets the winners as defaults.
 
     For each dtype: SPLIT_CONFIG = the fastest config at ``long_shape``; rows of ``short_shape``'s
@@ -169,8 +169,7 @@ def sweep_split(bench: Bench, long_shape, short_shape, dtypes) -> dict:
             x = torch.randn(N, C, device="cuda", dtype=dtype)
             t = torch.randint(0, C, (N,), device="cuda")
             t[::17] = -100
-            configs = list(SPLIT_SWEEP) + ([None] if C <= 32768 else [])
-            for cfg in configs:
+            for cfg in list(configs) + ([None] if C <= 32768 else []):
                 fn = lambda c=cfg: K.cross_entropy_fwd_bwd(x, t, check_targets=False, split_config=c,  # noqa: E731
                                                            max_fused_c=32768)
                 row = bench.add({"case": "ce_split_sweep", "shape": f"{N}x{C}", "dtype": str(dtype)[6:],
@@ -180,7 +179,7 @@ def sweep_split(bench: Bench, long_shape, short_shape, dtypes) -> dict:
             del x, t
             torch.cuda.empty_cache()
         long_c, short_c = long_shape[1], short_shape[1]
-        cfg = min(SPLIT_SWEEP, key=lambda c: best[(long_c, c)])
+        cfg = min(configs, key=lambda c: best[(long_c, c)])
         K.SPLIT_CONFIG[es] = cfg
         split_short = best[(short_c, cfg)] < 0.98 * best[(short_c, None)]
         K.MAX_FUSED_C[es] = short_c // 2 if split_short else 32768
@@ -243,7 +242,10 @@ def main() -> None:
     ap.add_argument("--skip-lce", action="store_true")
     ap.add_argument("--only-ce", action="store_true",
                     help="cross-entropy rows and the split sweep only; the other rows are kept from the JSON")
+    ap.add_argument("--sweep", default=",".join(f"{b}x{w}" for b, w in SPLIT_SWEEP),
+                    help="split configs BLOCK_CxWARPS to sweep, comma-separated")
     args = ap.parse_args()
+    sweep = [tuple(int(v) for v in cfg.split("x")) for cfg in args.sweep.split(",")]
     if not torch.cuda.is_available():
         raise SystemExit("bench_softmax_ce: needs a CUDA GPU (timings under the interpreter mean nothing)")
     torch.manual_seed(0)
@@ -256,7 +258,7 @@ def main() -> None:
     if not args.only_ce:
         bench_softmax(bench, [(1024, 1024)] if quick else [(4096, 4096), (8192, 32768)], dtypes)
     shapes = [(1024, 4096), (256, 40000)] if quick else [(8192, 32768), (4096, 128256)]
-    chosen = sweep_split(bench, shapes[1], shapes[0], dtypes)
+    chosen = sweep_split(bench, shapes[1], shapes[0], dtypes, sweep)
     bench_cross_entropy(bench, shapes, dtypes)
     if not args.skip_lce and not args.only_ce:
         bench_linear_cross_entropy(bench, *((512, 256, 8192) if quick else (8192, 4096, 128256)), torch.bfloat16)
