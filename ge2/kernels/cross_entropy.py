@@ -16,8 +16,7 @@ scales dx by gy, reading gy on the device and skipping the pass when gy == 1 (``
 Rows up to ``MAX_FUSED_C`` (32768) classes are held in registers by one program. Longer rows are split
 over several programs (``cross_entropy_split_kernel``), each holding a slice in registers; on the
 GPU they exchange a partial (max, sum exp) through global memory and wait for each other, so the
-row is still read once. (Rows whose target is ignored are read too: masking their loads by the
-target would make every load wait for the target's, which cost more than the bytes it saved.)
+row is still read once. Rows whose target is ignored are not read at all.
 
 Targets are checked by ``target_stats_kernel``, a small pass over the targets that also computes
 D and sum(w): an out-of-range target gives that row NaN loss and gradient (never an out-of-bounds
@@ -40,8 +39,10 @@ from ge2.runtime import autotune
 
 # Longest class row one program holds in registers, by element size; longer rows take the split path.
 MAX_FUSED_C = {4: 32768, 2: 32768, 1: 32768}
-# The split path's (BLOCK_C, num_warps) by element size; bench/bench_softmax_ce.py sweeps them
-# (ce_split_sweep rows of bench/results/softmax_ce.json).
+# The split path's (BLOCK_C, num_warps) by element size: the fastest of bench/bench_softmax_ce.py's
+# sweep at 4096 x 128256 on the H100 (ce_split_sweep rows of bench/results/softmax_ce.json; fp32
+# (2048, 4) 1.53 ms and (4096, 8) 1.53; bf16 (4096, 8) 1.13 ms, (8192, 8) 1.14, (2048, 4) 1.20;
+# 16384-wide slices 1.4-1.5x slower: fewer programs per SM to overlap one slice's wait with another's load).
 SPLIT_CONFIG = {4: (2048, 4), 2: (4096, 8), 1: (4096, 8)}
 # Rows of more than this many slices run as two launches (partials, then dx re-reading the row):
 # a cooperative launch needs a row's SPLIT programs co-resident, kept far below the GPU's capacity.
@@ -120,8 +121,9 @@ def cross_entropy_fwd_bwd_kernel(
     t, valid, bad, w_t = _row_target(t_ptr, rows, n_rows, inner, st_o, st_i, C, ignore_index, w_ptr, HAS_WEIGHT)
     use = valid & ~bad
     x_base = row_offsets(rows, inner, sx_o, sx_i)
-    # (Not masked by the target: the row's load is issued without waiting for t's.)
-    x = tl.load(x_ptr + x_base[:, None] + cols[None, :] * sx_c, mask=ok, other=float("-inf")).to(tl.float32)
+    # Ignored (and bad) rows are not read: their loss and dx do not depend on the logits.
+    x = tl.load(x_ptr + x_base[:, None] + cols[None, :] * sx_c, mask=ok & use[:, None],
+                other=float("-inf")).to(tl.float32)
     row_max = tl.max(x, 1)
     row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
     row_sum = tl.sum(tl.exp(x - row_max[:, None]), 1)
@@ -193,8 +195,7 @@ def cross_entropy_split_kernel(
             w_c = tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
     p_row = part_ptr + row.to(tl.int64) * (SPLIT * 4)
     if PHASE != 2:
-        x_raw = tl.load(x_ptr + x_base + c * sx_c, mask=ok, other=float("-inf"))
-        x = x_raw.to(tl.float32)
+        x = _load_slice(x_ptr, x_base, c, sx_c, ok, use)
         m = tl.max(x, 0)
         s = tl.sum(tl.exp(x - tl.where(m == float("-inf"), 0.0, m)), 0)
         wx = 0.0
@@ -217,11 +218,6 @@ def cross_entropy_split_kernel(
         while arrived < SPLIT:
             arrived = tl.atomic_add(counter, 0, sem="acq_rel")
         tl.debug_barrier()
-        # The slice's column indices again, from a zero the compiler cannot see through (arrived
-        # never exceeds SPLIT): recomputed here, they need no registers across the wait, which
-        # leaves room for more programs per SM.
-        c = lo + tl.where(arrived > SPLIT, 1, 0) + tl.arange(0, BLOCK_C)
-        ok = c < C
     if PHASE != 1:
         j = tl.arange(0, SPLIT_P2)
         jm = j < SPLIT
@@ -243,14 +239,18 @@ def cross_entropy_split_kernel(
             tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
         if COMPUTE_GRAD:
             if PHASE == 2:
-                x = tl.load(x_ptr + x_base + c * sx_c, mask=ok, other=float("-inf")).to(tl.float32)
-            else:
-                x = x_raw.to(tl.float32)
+                x = _load_slice(x_ptr, x_base, c, sx_c, ok, use)
             inv_d = 1.0
             if MEAN:
                 inv_d = 1.0 / tl.load(stats_ptr)
             g = _ce_grad(x, c, t, valid, bad, w_t, w_c, w_sum, row_max, row_sum, inv_d, label_smoothing, C, SMOOTH)
             tl.store(g_ptr + row_offsets(row, inner, sg_o, sg_i) + c * sg_c, g.to(g_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _load_slice(x_ptr, x_base, c, sx_c, ok, use):
+    """A row slice in fp32; rows that are ignored (or bad) are not read: their loss and dx do not depend on them."""
+    return tl.load(x_ptr + x_base + c * sx_c, mask=ok & use, other=float("-inf")).to(tl.float32)
 
 
 @triton.jit
@@ -350,7 +350,7 @@ def target_stats(op: str, target: torch.Tensor, n_classes: int, *, weight: torch
 
     First raises any out-of-range count an earlier GPU call left pending whose copy has landed.
     """
-    if _PENDING and not (target.is_cuda and torch.cuda.is_current_stream_capturing()):  # no event query in a capture
+    if _PENDING:
         check_pending_targets(wait=False)
     stats = torch.empty(3, dtype=torch.float32, device=target.device)
     t, st_o, st_i = _target_rows(target)
