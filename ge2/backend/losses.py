@@ -17,8 +17,10 @@ Elementwise losses (target of x's shape; weight / pos_weight broadcast to it):
 need_x=True, need_target=False) -> (gx, gtarget)``
 
 Losses have the input's dtype: 0-d for "mean"/"sum", the per-element/per-row shape for "none".
-Out-of-range class targets raise ValueError after the launch (one 4-byte host read; see
-``ge2.kernels.cross_entropy``); ``check_targets=False`` skips that read (bad rows then give NaN).
+Out-of-range class targets raise ValueError: at the call on the CPU or with ``check_targets=True``
+(a 4-byte read, a host sync on the GPU); by default on the GPU without a sync, at the next
+class-target call or ``check_pending_targets()`` (see ``ge2.kernels.cross_entropy``);
+``check_targets=False`` skips the check (bad rows then give NaN).
 """
 from __future__ import annotations
 
