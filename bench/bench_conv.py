@@ -104,7 +104,9 @@ def pool_cases(bench, small: bool, device) -> None:
     for dtype in (torch.float32, torch.bfloat16):
         for layout in ("nchw", "nhwc"):
             for name, shape in cases:
-                x = _layout(torch.randn(shape, device=device, dtype=dtype), layout)
+                # Drawn on the CPU: a CUDA-graph capture of a ge2 call that fell back to eager
+                # timing left torch's CUDA generator unusable ("offset increment outside graph capture").
+                x = _layout(torch.randn(shape, dtype=dtype).to(device), layout)
                 if name.startswith("max"):
                     fwd_g = lambda: call("max_pool2d", x, kernel_size=3, stride=2, padding=1)
                     fwd_t = lambda: TF.max_pool2d(x, 3, 2, 1, return_indices=True)
@@ -132,7 +134,7 @@ def pool_cases(bench, small: bool, device) -> None:
                 _gbps(bench.add({**labels, "pass": "fwd"}, ge2=fwd_g, torch=fwd_t), nbytes)
                 xt = x.clone().requires_grad_()
                 yt = torch_fn(xt)
-                gy = torch.randn_like(yt)
+                gy = torch.randn(yt.shape, dtype=yt.dtype).to(device)
                 _gbps(bench.add({**labels, "pass": "bwd"}, ge2=bwd_g,
                                 torch=lambda: torch.autograd.grad(yt, (xt,), gy, retain_graph=True)), nbytes)
 
@@ -187,6 +189,7 @@ def main() -> None:
     parser.add_argument("--ieee", action="store_true", help="add exact-fp32 rows")
     parser.add_argument("--all", action="store_true", help="add the strided (downsampling) shape")
     parser.add_argument("--no-pool", action="store_true", help="conv rows only")
+    parser.add_argument("--shapes", help="comma-separated indices into CONV_SHAPES (default: all)")
     args = parser.parse_args()
     device = ge2.device()
     torch.backends.cudnn.benchmark = True
@@ -200,6 +203,8 @@ def main() -> None:
         bench = Bench("conv", cuda_graph=not args.eager, rep_ms=50)
     print("prediction:", PREDICTION)
     shapes = SMOKE_SHAPES if args.smoke else CONV_SHAPES + (STRIDED_SHAPES if args.all else [])
+    if args.shapes is not None:
+        shapes = [shapes[int(i)] for i in args.shapes.split(",") if i]
     conv_cases(bench, shapes, device, ("-", "tf32", "ieee") if args.ieee else ("-", "tf32"))
     if not args.no_pool:
         pool_cases(bench, args.smoke, device)

@@ -153,6 +153,8 @@ _CONV_KEY = ["N", "C", "H", "W", "K", "P", "Q", "R", "S", "Cg", "Kg", "sxc", "PR
 # Sizes enter only index arithmetic and masks: not specialising them on divisibility lets a
 # batch-8 test shape reuse the batch-64 benchmark's compiled kernels.
 _SIZES = ["N", "C", "H", "W", "K", "P", "Q"]
+# The depthwise kernels' channel masks (offs_c < C) need C's divisibility for 16-byte NHWC loads.
+_DW_SIZES = ["N", "H", "W", "P", "Q"]
 
 
 @runtime.autotune(_ALL_GEMM_CONFIGS, key=_CONV_KEY + ["FLAT"], default=INTERPRETER_CONFIG,
@@ -164,7 +166,7 @@ def conv2d_fwd_kernel(
     sxn, sxc, sxh, sxw, swk, swc, swr, sws, swg, w_base, syn, syk, syp, syq, sbias,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, act_alpha,
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SAVE_Z: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, FLAT: tl.constexpr,
+    UPCAST: tl.constexpr, FLAT: tl.constexpr, PIX_VEC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """One [BLOCK_M pixels, BLOCK_N channels] tile of Y for group program_id(1).
@@ -231,7 +233,17 @@ def conv2d_fwd_kernel(
     z = acc
     if HAS_BIAS:
         z += tl.load(bias_ptr + k_abs * sbias, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    y_offs = (n.to(tl.int64) * syn + p * syp + q * syq)[:, None] + k_abs[None, :].to(tl.int64) * syk
+    if PIX_VEC > 1:
+        # Dense NCHW output: a tile's pixels are contiguous within an image, and P*Q % PIX_VEC == 0
+        # keeps every aligned PIX_VEC-run inside one image. Said so, the compiler stores 16-byte
+        # vectors along the pixels (after a layout change through shared memory) instead of
+        # scattering single elements from the MMA layout (measured: NCHW forward 2x the NHWC time).
+        pix = n.to(tl.int64) * syn + offs_m % (P * Q)
+        pix = tl.max_contiguous(tl.multiple_of(pix, PIX_VEC), PIX_VEC)
+        y_offs = pix[:, None] + k_abs[None, :].to(tl.int64) * syk
+        mask_m = (offs_m // PIX_VEC) < (M // PIX_VEC)  # == offs_m < M (M % PIX_VEC == 0), constant per run
+    else:
+        y_offs = (n.to(tl.int64) * syn + p * syp + q * syq)[:, None] + k_abs[None, :].to(tl.int64) * syk
     mask = mask_m[:, None] & mask_n[None, :]
     if SAVE_Z:
         tl.store(z_ptr + y_offs, z.to(z_ptr.dtype.element_ty), mask=mask)
@@ -401,10 +413,10 @@ def _prune_depthwise(configs, named_args, **kwargs):
 @runtime.autotune(DEPTHWISE_CONFIGS, key=["N", "C", "H", "W", "P", "Q", "R", "S", "sxc", "syk"],
                   default=DEPTHWISE_INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_depthwise},
                   do_bench=tuning_bench)
-@triton.jit(do_not_specialize=_SIZES)
+@triton.jit(do_not_specialize=_DW_SIZES)
 def conv2d_depthwise_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, z_ptr,
-    N, C, H, W, P, Q, R, S,
+    N, C, H, W, P, Q, R: tl.constexpr, S: tl.constexpr,
     sxn, sxc, sxh, sxw, swk, swr, sws, w_base, syn, syk, syp, syq, sbias,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, act_alpha,
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SAVE_Z: tl.constexpr,
@@ -422,10 +434,10 @@ def conv2d_depthwise_kernel(
     x_base = x_ptr + n.to(tl.int64) * sxn + offs_c[None, :].to(tl.int64) * sxc  # [1, BLOCK_C]
     w_cols = w_ptr + w_base + offs_c * swk
     acc = tl.zeros((BLOCK_Q, BLOCK_C), dtype=tl.float32)
-    for r in range(0, R):
+    for r in tl.static_range(R):  # unrolled: every tap's load in flight at once
         hi = p * stride_h - pad_h + r * dil_h
         row_ok = (hi >= 0) & (hi < H)
-        for s in range(0, S):
+        for s in tl.static_range(S):
             wi = offs_q * stride_w - pad_w + s * dil_w
             ok = (mask_q & (wi >= 0) & (wi < W) & row_ok)[:, None] & mask_c[None, :]
             xv = tl.load(x_base + hi * sxh + (wi * sxw)[:, None], mask=ok, other=0.0)
@@ -445,10 +457,10 @@ def conv2d_depthwise_kernel(
 @runtime.autotune(DEPTHWISE_CONFIGS, key=["N", "C", "H", "W", "P", "Q", "R", "S", "sxc", "ROWS"],
                   default=DEPTHWISE_INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_depthwise},
                   do_bench=tuning_bench)
-@triton.jit(do_not_specialize=_SIZES + ["ROWS"])
+@triton.jit(do_not_specialize=_DW_SIZES + ["ROWS"])
 def conv2d_depthwise_dw_kernel(
     gz_ptr, x_ptr, out_ptr,
-    N, C, H, W, P, Q, R, S, ROWS,
+    N, C, H, W, P, Q, R: tl.constexpr, S: tl.constexpr, ROWS,
     sgn, sgk, sgp, sgq, sxn, sxc, sxh, sxw,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
     BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -554,8 +566,20 @@ def _launch_fwd(x: torch.Tensor, wv: _WeightView, bias: torch.Tensor | None, y: 
         *x.stride(), wv.sk, wv.sc, wv.sr, wv.ss, wv.sg, wv.base_off, *y.stride(),
         bias.stride(0) if bias is not None else 0,
         *geo.stride, *geo.pad, *geo.dilation, float(act_alpha),
-        HAS_BIAS=bias is not None, ACT=code, SAVE_Z=z is not None, FLAT=flat, **_numerics(x.dtype),
+        HAS_BIAS=bias is not None, ACT=code, SAVE_Z=z is not None, FLAT=flat, PIX_VEC=_pixel_vector(y),
+        **_numerics(x.dtype),
     )
+
+
+def _pixel_vector(y: torch.Tensor) -> int:
+    """Elements per 16-byte store along the pixels of a dense NCHW output (1: not dense NCHW)."""
+    Nb, K, P, Q = y.shape
+    if runtime.is_interpreter() or K == 1 or not y.is_contiguous():
+        return 1
+    vec = 16 // y.element_size()
+    while vec > 1 and (P * Q) % vec:
+        vec //= 2
+    return vec
 
 
 def _launch_depthwise(x: torch.Tensor, wv: _WeightView, bias: torch.Tensor | None, y: torch.Tensor,
