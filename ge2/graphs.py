@@ -111,6 +111,21 @@ def _shapes(out: Any) -> Any:
     return "value", type(out)
 
 
+def _reset_rng_capture_state(stream: torch.cuda.Stream) -> None:
+    """After a capture that CUDA aborted, torch's CUDA generator still believes it is capturing (its
+    next random op raises "Offset increment outside graph capture"); an empty capture that ends
+    normally takes it out of that state."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream):
+                pass
+    except Exception:  # nothing more can be done here; the CaptureError that follows says what failed
+        pass
+
+
 class CapturedStep:
     """``fn`` captured into one CUDA graph per input signature (see the module docstring)."""
 
@@ -208,6 +223,7 @@ class CapturedStep:
         except CaptureError:
             raise
         except Exception as e:
+            _reset_rng_capture_state(self._side_stream())
             raise CaptureError(
                 f"ge2.capture: capturing {getattr(self.fn, '__name__', 'the step')} into a CUDA graph failed: "
                 f"{type(e).__name__}: {e}. A captured step must not synchronise with the host (.item(), "

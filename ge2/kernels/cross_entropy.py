@@ -350,7 +350,7 @@ def target_stats(op: str, target: torch.Tensor, n_classes: int, *, weight: torch
 
     First raises any out-of-range count an earlier GPU call left pending whose copy has landed.
     """
-    if _PENDING:
+    if _PENDING and not (target.is_cuda and torch.cuda.is_current_stream_capturing()):  # no event query in a capture
         check_pending_targets(wait=False)
     stats = torch.empty(3, dtype=torch.float32, device=target.device)
     t, st_o, st_i = _target_rows(target)
