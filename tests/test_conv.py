@@ -158,7 +158,7 @@ def test_conv2d_honours_matmul_precision(precision):
     assert _numerics(torch.bfloat16)["PRECISION"] == "ieee"  # 16-bit: tensor cores, fp32 accumulation
     x, w = randn(2, 5, 6, 6, seed=51), randn(7, 5, 3, 3, seed=52)
     y = F.conv2d(ge2.from_torch(x), ge2.from_torch(w), padding=1)
-    y64 = TF.conv2d(x.double(), w.double(), padding=1)
+    y64 = TF.conv2d(x.double(), w.double(), padding=1).cpu()
     # tf32 keeps 10 mantissa bits: ~1e-3 relative error at worst; the interpreter runs ieee.
     tol = 2e-3 if precision == "tf32" and not ge2.is_interpreter() else 1e-5
     assert (y.data.double().cpu() - y64).norm() / y64.norm() < tol
@@ -196,7 +196,7 @@ def test_conv2d_layer_matches_torch_init_and_forward():
     torch.manual_seed(3)
     g = nn.Conv2d(3, 5, (3, 2), stride=(1, 2), padding=1, activation="relu")
     torch.manual_seed(3)
-    t = torch.nn.Conv2d(3, 5, (3, 2), stride=(1, 2), padding=1).to(DEVICE)
+    t = torch.nn.Conv2d(3, 5, (3, 2), stride=(1, 2), padding=1, device=DEVICE)  # drawn on the same device as ge2's
     assert torch.equal(g.weight.data, t.weight.data) and torch.equal(g.bias.data, t.bias.data)
     x = randn(2, 3, 6, 7, seed=61)
     y = g(ge2.from_torch(x))
