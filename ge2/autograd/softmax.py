@@ -113,7 +113,9 @@ def cross_entropy(logits: Tensor, target: Tensor, weight: Tensor | None = None, 
     """Cross-entropy of logits [N, C, d...] (or [C]) and class targets [N, d...] (torch semantics).
 
     ``inplace_backward=True``: dlogits overwrite the logits buffer (see the module's in-place rule).
-    ``check_targets``: None/True raise on out-of-range targets (a 4-byte host read), False skips it.
+    ``check_targets``: out-of-range targets raise ValueError. None (default): on the GPU without a host
+    sync, by this or a later class-target call once a pinned copy of the count lands (on the CPU at
+    once); True: at this call (a 4-byte host read); False: never (bad rows give NaN).
     """
     if inplace_backward and logits.requires_grad and logits.is_leaf:
         raise ValueError("cross_entropy: inplace_backward=True needs logits produced by an earlier op (a "
