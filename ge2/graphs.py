@@ -36,6 +36,7 @@ class _Recording:
 
     capturing: bool
     optimizers: dict[int, Any] = field(default_factory=dict)
+    modules: dict[int, Any] = field(default_factory=dict)
     leaves: dict[int, Any] = field(default_factory=dict)
     keep: list[Any] = field(default_factory=list)  # host buffers the graph's copies read at replay
 
@@ -60,6 +61,12 @@ def note_optimizer(opt: Any) -> None:
     """Called by ``Optimizer.step``: a captured step re-syncs this optimizer's hyper-parameters."""
     if _recording is not None:
         _recording.optimizers[id(opt)] = opt
+
+
+def note_module(module: Any) -> None:
+    """Called by ``Module.__call__``: a graph captured in train mode must not replay in eval mode."""
+    if _recording is not None:
+        _recording.modules[id(module)] = module
 
 
 def keep_alive(obj: Any) -> None:
@@ -144,22 +151,29 @@ class CapturedStep:
         self.replays = 0
         self._stream: torch.cuda.Stream | None = None
         self._optimizers: dict[int, Any] = {}  # every optimizer a call of fn has stepped
+        self._modules: dict[int, Any] = {}  # every module a call of fn has run (their modes key the graphs)
 
     @property
     def captured(self) -> bool:
         """Whether any call has been captured (False on the CPU, where steps always run eagerly)."""
         return bool(self.graphs)
 
+    def reset(self) -> None:
+        """Drop every captured graph: the next calls warm up and capture again."""
+        self.graphs.clear()
+        self._warm.clear()
+
     def __call__(self, *args: Any) -> Any:
         sig = _signature(args)
         devices = {s[3] for s in sig if s[0] == "tensor"}
         if not devices or any(d.type != "cuda" for d in devices):
             return self.fn(*args)  # CPU / interpreter, or no tensor input: documented eager fallback
-        graph = self.graphs.get(sig)
+        key = self._key(sig)
+        graph = self.graphs.get(key)
         if graph is not None:
-            self.graphs.move_to_end(sig)
+            self.graphs.move_to_end(key)
             return self._replay(graph, args)
-        calls, shapes = self._warm.get(sig, (0, None))
+        calls, shapes = self._warm.pop(key, (0, None))
         if calls < self.warmup:
             out = self._eager(args)
             new_shapes = _shapes(out)
@@ -167,14 +181,18 @@ class CapturedStep:
                 raise CaptureError(
                     f"ge2.capture: two calls with the same input signature returned outputs of different "
                     f"shapes ({shapes} vs {new_shapes}); a data-dependent shape cannot be captured")
-            self._warm[sig] = (calls + 1, new_shapes)
+            self._warm[self._key(sig)] = (calls + 1, new_shapes)  # the modules it ran are known now
             return out
-        graph = self._capture(sig, args)
-        del self._warm[sig]
+        graph = self._capture(args)
         if len(self.graphs) >= self.max_graphs:
             self.graphs.popitem(last=False)  # least recently used
-        self.graphs[sig] = graph
+        self.graphs[key] = graph
         return self._replay(graph, args)
+
+    def _key(self, sig: tuple) -> tuple:
+        # model.train()/eval() changes what a step computes (dropout, batch-norm statistics): a graph
+        # belongs to the modes of the modules it ran, and other modes get their own graph.
+        return sig, tuple(m.training for m in self._modules.values())
 
     # ---- the three ways to run a call --------------------------------------------------------
     def _side_stream(self) -> torch.cuda.Stream:
@@ -193,11 +211,12 @@ class CapturedStep:
                 out = self.fn(*args)
         finally:
             self._optimizers.update(_recording.optimizers)
+            self._modules.update(_recording.modules)
             _recording = outer
         torch.cuda.current_stream().wait_stream(stream)
         return out
 
-    def _capture(self, sig: tuple, args: tuple) -> _Graph:
+    def _capture(self, args: tuple) -> _Graph:
         from ge2.autograd.tensor import Tensor
 
         global _recording
@@ -255,10 +274,13 @@ class CapturedStep:
         return f"CapturedStep({name}, graphs={len(self.graphs)}, captures={self.captures}, replays={self.replays})"
 
 
-def capture(fn: Callable[..., Any], *, warmup: int = 2, max_graphs: int = 8) -> CapturedStep:
+def capture(fn: Callable[..., Any] | None = None, *, warmup: int = 2, max_graphs: int = 8):
     """Wrap a whole training step ``fn(*batch) -> outputs`` so it replays from a CUDA graph.
 
     The first ``warmup`` calls per input signature run eagerly (as real steps), the next one
-    captures; up to ``max_graphs`` signatures keep a graph (least recently used evicted).
+    captures; up to ``max_graphs`` signatures keep a graph (least recently used evicted). Also a
+    decorator: ``@ge2.capture`` or ``@ge2.capture(warmup=3)``.
     """
+    if fn is None:
+        return lambda f: CapturedStep(f, warmup=warmup, max_graphs=max_graphs)
     return CapturedStep(fn, warmup=warmup, max_graphs=max_graphs)

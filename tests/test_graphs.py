@@ -154,6 +154,26 @@ def test_capture_unsafe_steps_raise_clear_errors(unsafe):
 
 
 @cuda
+def test_train_and_eval_modes_get_their_own_graphs():
+    model = _model(5, dropout=0.5)
+    step = ge2.capture(lambda x: model(x), warmup=1)
+    x = ge2.from_torch(randn(16, 20))
+    for _ in range(3):
+        step(x)
+    assert step.captures == 1
+    model.eval()  # a graph captured with dropout on must not replay now
+    outs = [step(x).data.clone() for _ in range(3)]
+    assert step.captures == 2
+    with ge2.no_grad():
+        expected = model(x).data
+    for out in outs:
+        torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)  # eval: deterministic, no dropout
+    model.train()
+    step(x)
+    assert step.captures == 2 and step.replays == 5  # the train-mode graph is reused
+
+
+@cuda
 def test_data_dependent_output_shapes_are_refused():
     calls = []
 
@@ -171,6 +191,14 @@ def test_data_dependent_output_shapes_are_refused():
 def test_cpu_runs_eagerly_and_argument_errors():
     with pytest.raises(ValueError, match="warmup must be >= 1"):
         ge2.capture(lambda x: x, warmup=0)
+    with pytest.raises(ValueError, match="max_graphs must be >= 1"):
+        ge2.capture(warmup=1, max_graphs=0)(lambda x: x)
+
+    @ge2.capture(warmup=3)
+    def decorated(x):
+        return x * 2.0
+
+    assert isinstance(decorated, ge2.CapturedStep) and decorated.warmup == 3
     with pytest.raises(TypeError, match="fn must be callable"):
         ge2.capture(3)
     if torch.cuda.is_available():

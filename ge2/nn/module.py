@@ -11,7 +11,7 @@ from typing import Any, Iterator, NamedTuple
 
 import torch
 
-from ge2 import runtime
+from ge2 import graphs, runtime
 from ge2.autograd.grad_mode import no_grad
 from ge2.autograd.tensor import Tensor, clear_grads, parse_to_args
 from ge2.backend.schema import dtype_name, shape_str
@@ -273,6 +273,8 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__}: forward is not implemented")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if graphs._recording is not None:
+            graphs.note_module(self)  # a captured step is keyed by its modules' train/eval modes
         return self.forward(*args, **kwargs)
 
     def extra_repr(self) -> str:
