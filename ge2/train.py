@@ -205,6 +205,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"epoch {epoch:3d}/{args.epochs}  train loss {record['train_loss']:.4f}  test loss {test_loss:.4f}  "
                   f"test acc {100 * test_acc:6.2f}%  {record['samples_per_s']:8.0f} samples/s", flush=True)
     log["final_test_accuracy"] = log["epochs"][-1]["test_accuracy"] if log["epochs"] else None
+    if isinstance(step, ge2.CapturedStep):
+        log["capture"] = {"graphs": len(step.graphs), "captures": step.captures, "replays": step.replays}
+        print(f"captured steps: {step.replays} replays of {step.captures} CUDA graph(s) "
+              f"(one per batch shape; the first calls of each ran eagerly)" if step.captured
+              else "captured steps: none (no GPU: every step ran eagerly)")
     with open(os.path.join(args.out, "log.json"), "w") as f:
         json.dump(log, f, indent=1)
     note = _plot(log, os.path.join(args.out, "curves.png")) if log["epochs"] else "no epochs: no curves.png"

@@ -220,3 +220,5 @@ def test_ge2_train_capture_follows_the_eager_run(tmp_path):
     # same kernels, same batches, same init: the curves agree to fp32 rounding growing over ~70 steps
     assert ((eager - captured).abs() / eager.abs()).max().item() < 1e-3
     assert logs[1]["final_test_accuracy"] > 0.9
+    # 23 steps an epoch, the last batch smaller: two graphs, each after two eager warm-up calls
+    assert logs[1]["capture"]["captures"] == 2 and logs[1]["capture"]["replays"] == 69 - 4
