@@ -86,3 +86,6 @@ from ge2 import nn, optim  # noqa: F401,E402
 from ge2 import data  # noqa: F401,E402
 from ge2.serialization import load, save  # noqa: F401,E402
 from ge2.graphs import CaptureError, CapturedStep, capture  # noqa: F401,E402
+from ge2.kernels import launch as _launch  # noqa: E402
+
+_launch.install()  # every loaded kernel takes the launch-plan path for repeated launches

@@ -1,0 +1,185 @@
+"""Launch plans: the repeated-call path of a ge2 kernel launch, without Triton's generic dispatch.
+
+Triton's ``JITFunction.run`` binds and specialises every argument, builds a cache key, reads its
+knobs and evaluates the grid on every call (~30-50 µs of Python on the H100 machine's host, a third
+to a half of a ge2 op's host time). A ge2 kernel's launches repeat with the same shapes, so the
+first launch with a given *launch key* records a plan (the compiled kernel, the evaluated grid, the
+full argument list) and later launches with that key only put the new tensors into the argument
+list and call the compiled kernel's launcher.
+
+The launch key holds everything the compiled kernel and its arguments depend on: the evaluated
+grid; per tensor argument its dtype and whether its address is 16-byte aligned (Triton's pointer
+specialisation); every other argument's exact value (finer than Triton's specialisation, so a hit
+is always the same kernel with the same scalar arguments); and the same for keyword arguments
+(constexprs, config options). Only tensor addresses vary between hits.
+
+Under the Triton interpreter the plan replays the recorded argument list through the interpreter,
+so the CPU test suite checks that keys are complete and tensors land in the right slots. On the
+GPU the replay calls ``CompiledKernel.run`` directly; set ``GE2_LAUNCH_PLANS=0`` to turn plans off
+(the default on the GPU is off until the direct launch has been verified there: ``GE2_LAUNCH_PLANS=1``
+turns it on).
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+from typing import Any
+
+import torch
+from triton.runtime.autotuner import Autotuner, Heuristics
+
+from ge2 import runtime
+
+_DEFAULT = "1" if runtime.is_interpreter() else "0"
+ENABLED: bool = os.environ.get("GE2_LAUNCH_PLANS", _DEFAULT) not in ("", "0")
+MAX_PLANS = 4096  # per kernel; a full table is cleared (shapes beyond that are a workload's churn)
+STATS = {"hits": 0, "plans": 0}
+
+
+class _Plan:
+    __slots__ = ("kernel", "grid", "values", "slots", "options")
+
+    def __init__(self, kernel, grid, values, slots, options):
+        self.kernel, self.grid, self.values, self.slots, self.options = kernel, grid, values, slots, options
+
+
+def _spec(value: Any) -> Any:
+    """What the compiled kernel and its scalar arguments depend on, for one argument."""
+    kind = type(value)
+    if kind is float:  # 0.0 == -0.0, but a replay must pass the very value
+        return float, value, math.copysign(1.0, value)
+    if isinstance(value, torch.Tensor):
+        return value.dtype, value.data_ptr() & 15 == 0
+    base = getattr(value, "base", None)
+    if isinstance(base, torch.Tensor):  # a TMA TensorDescriptor: the launcher encodes it per launch
+        return (kind, base.dtype, base.data_ptr() & 15 == 0, tuple(value.shape), tuple(value.strides),
+                tuple(value.block_shape))
+    return kind, value  # True == 1, but Triton types a bool argument differently from an int
+
+
+def _is_slot(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) or isinstance(getattr(value, "base", None), torch.Tensor)
+
+
+class _PlannedLaunch:
+    """The methods given to a kernel's class (JITFunction on the GPU, InterpretedFunction on the CPU);
+    ``self._base`` is that original class."""
+
+    _base: type
+
+    def run(self, *args, grid, warmup, **kwargs):
+        if warmup or not ENABLED:
+            return self._base.run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        try:
+            if callable(grid):
+                meta = dict(zip(self.arg_names, args))
+                meta.update(kwargs)
+                grid = grid(meta)
+            grid = tuple(grid) + (1,) * (3 - len(grid))
+            key = (grid, tuple(map(_spec, args)), tuple((k, _spec(v)) for k, v in kwargs.items()))
+            plans = self.__dict__.setdefault("_ge2_plans", {})
+            plan = plans.get(key)
+        except (KeyError, TypeError):  # a grid reading a defaulted argument, an unhashable value
+            return self._base.run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        if plan is not None:
+            STATS["hits"] += 1
+            values = list(plan.values)
+            for at, src in plan.slots:
+                values[at] = args[src] if isinstance(src, int) else kwargs[src]
+            return self._replay(plan, values)
+        out = self._base.run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        if len(plans) >= MAX_PLANS:
+            plans.clear()
+        plans[key] = self._record(out, grid, args, kwargs)
+        STATS["plans"] += 1
+        return out
+
+    def _slots(self, names: list[str], values: list, args: tuple, kwargs: dict) -> list:
+        slots = []
+        for at, (name, value) in enumerate(zip(names, values)):
+            if _is_slot(value):
+                slots.append((at, name if name in kwargs else self.arg_names.index(name)))
+        return slots
+
+
+class _PlannedJIT(_PlannedLaunch):
+    """GPU: replay through the compiled kernel's launcher."""
+
+
+    def _record(self, kernel, grid, args, kwargs) -> _Plan:
+        from triton.runtime.driver import driver
+
+        if hasattr(kernel, "result"):
+            kernel = kernel.result()
+        binder = self.device_caches[driver.active.get_current_device()][4]
+        bound, _, _ = binder(*args, **kwargs)
+        names, values = list(bound), list(bound.values())
+        return _Plan(kernel, grid, values, self._slots(names, values, args, kwargs), None)
+
+    def _replay(self, plan: _Plan, values: list):
+        from triton import knobs
+        from triton.runtime.driver import driver
+
+        kernel = plan.kernel
+        stream = driver.active.get_current_stream(driver.active.get_current_device())
+        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        metadata = kernel.launch_metadata(plan.grid, stream, *values) if enter is not None else None
+        kernel.run(plan.grid[0], plan.grid[1], plan.grid[2], stream, kernel.function, kernel.packed_metadata,
+                   metadata, enter, leave, *values)
+        return kernel
+
+
+class _PlannedInterpreted(_PlannedLaunch):
+    """CPU: replay the recorded argument list through the interpreter (verifies keys and slots)."""
+
+
+    def _record(self, _out, grid, args, kwargs) -> _Plan:
+        import inspect
+
+        params = inspect.signature(self.fn).parameters
+        named = {k: v for k, v in kwargs.items() if k in params}
+        bound = inspect.signature(self.fn).bind(*args, **named)
+        bound.apply_defaults()
+        names, values = list(bound.arguments), list(bound.arguments.values())
+        options = {k: v for k, v in kwargs.items() if k not in params}
+        return _Plan(None, grid, values, self._slots(names, values, args, kwargs), options)
+
+    def _replay(self, plan: _Plan, values: list):
+        return self._base.run(self, *values, grid=plan.grid, warmup=False, **plan.options)
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def _planned(obj: Any) -> None:
+    """Give a JIT/interpreted kernel object the planned launch path (its class gets the mix-in)."""
+    while isinstance(obj, (Autotuner, Heuristics)):
+        obj = obj.fn
+    cls = type(obj)
+    if cls in _CLASSES.values() or not hasattr(cls, "run") or not hasattr(obj, "arg_names"):
+        return
+    if cls not in _CLASSES:
+        # cls stays the only base (so instances keep its layout and __class__ can be reassigned);
+        # the planned methods are copied in, and reach cls's own run through _base.
+        mixin = _PlannedInterpreted if runtime.is_interpreter() else _PlannedJIT
+        methods = {name: fn for klass in reversed(mixin.__mro__[:-1]) for name, fn in vars(klass).items()
+                   if callable(fn) and not name.startswith("__")}
+        _CLASSES[cls] = type(f"Planned{cls.__name__}", (cls,), {**methods, "_base": cls})
+    obj.__class__ = _CLASSES[cls]
+
+
+def install() -> None:
+    """Put every kernel of the loaded ``ge2.kernels`` modules on the planned launch path."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("ge2.kernels.") or module is None:
+            continue
+        for value in list(vars(module).values()):
+            inner = value
+            while isinstance(inner, (Autotuner, Heuristics)):
+                inner = inner.fn
+            if isinstance(inner, (JITFunction, InterpretedFunction)):
+                _planned(value)
