@@ -170,7 +170,10 @@ def _planned(obj: Any) -> None:
 
 
 def install() -> None:
-    """Put every kernel of the loaded ``ge2.kernels`` modules on the planned launch path."""
+    """Put every kernel of the loaded ``ge2.kernels`` modules on the planned launch path (when enabled
+    at import: with plans off the kernels keep Triton's own classes)."""
+    if not ENABLED:
+        return
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
