@@ -5,7 +5,8 @@
 Times the repeated path of a bare Triton launch (through the JIT function and through the compiled
 kernel's runner), torch.empty and a torch add as anchors, then ge2's add, Linear+ReLU forward and
 its forward+backward (64x128 -> 64, tiny: the GPU is idle, the host is measured), and prints the 25
-functions with the most own time for each ge2 case.
+functions with the most own time for each ge2 case. Run it with GE2_LAUNCH_PLANS=1 and =0 to see
+what the launch plans (ge2/kernels/launch.py) save.
 """
 from __future__ import annotations
 
@@ -80,6 +81,9 @@ def main() -> None:
         "ge2 linear fwd": ge2_linear,
         "ge2 linear fwd+bwd": ge2_linear_fwd_bwd,
     }
+    from ge2.kernels import launch
+
+    print(f"launch plans: {'on' if launch.ENABLED else 'off'} (GE2_LAUNCH_PLANS)")
     for name, fn in cases.items():
         print(f"{name:32} {host_us(fn):8.2f} us", flush=True)
     for name in ("ge2 add", "ge2 linear fwd", "ge2 linear fwd+bwd"):
