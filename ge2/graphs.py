@@ -97,12 +97,15 @@ def _signature(args: tuple) -> tuple:
     from ge2.autograd.tensor import Tensor
 
     sig = []
-    for a in args:
+    for i, a in enumerate(args):
         t = a.data if isinstance(a, Tensor) else a
         if isinstance(t, torch.Tensor):
             sig.append(("tensor", tuple(t.shape), t.dtype, t.device, isinstance(a, Tensor) and a.requires_grad))
-        else:
+        elif a is None or isinstance(a, (bool, int, float, str)):
             sig.append(("value", type(a), a))
+        else:  # a tuple of tensors would be keyed by identity: every call a new signature, never captured
+            raise TypeError(f"ge2.capture: argument {i} is a {type(a).__name__}; a captured step takes tensors "
+                            f"(and plain numbers or strings) as separate arguments, e.g. step(x, y)")
     return tuple(sig)
 
 

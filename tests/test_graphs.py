@@ -199,6 +199,9 @@ def test_cpu_runs_eagerly_and_argument_errors():
         return x * 2.0
 
     assert isinstance(decorated, ge2.CapturedStep) and decorated.warmup == 3
+    x = ge2.from_torch(randn(3, 2))
+    with pytest.raises(TypeError, match="argument 0 is a tuple; a captured step takes tensors"):
+        decorated((x, x))
     with pytest.raises(TypeError, match="fn must be callable"):
         ge2.capture(3)
     if torch.cuda.is_available():
