@@ -44,9 +44,14 @@ class _Plan:
         self.kernel, self.grid, self.values, self.slots, self.options = kernel, grid, values, slots, options
 
 
+_PLAIN = frozenset((int, bool, str, tuple, type(None)))
+
+
 def _spec(value: Any) -> Any:
     """What the compiled kernel and its scalar arguments depend on, for one argument."""
     kind = type(value)
+    if kind in _PLAIN:  # the common case first: most arguments are sizes, strides and flags
+        return kind, value  # True == 1, but Triton types a bool argument differently from an int
     if kind is float:  # 0.0 == -0.0, but a replay must pass the very value
         return float, value, math.copysign(1.0, value)
     if isinstance(value, torch.Tensor):
@@ -55,7 +60,7 @@ def _spec(value: Any) -> Any:
     if isinstance(base, torch.Tensor):  # a TMA TensorDescriptor: the launcher encodes it per launch
         return (kind, base.dtype, base.data_ptr() & 15 == 0, tuple(value.shape), tuple(value.strides),
                 tuple(value.block_shape))
-    return kind, value  # True == 1, but Triton types a bool argument differently from an int
+    return kind, value
 
 
 def _is_slot(value: Any) -> bool:
