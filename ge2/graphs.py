@@ -20,6 +20,7 @@ graphs: a ``CapturedStep`` runs ``fn`` eagerly and says so in ``captured``.
 from __future__ import annotations
 
 import collections
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -42,6 +43,17 @@ class _Recording:
 
 
 _recording: _Recording | None = None
+
+
+@contextlib.contextmanager
+def _recorded(record: _Recording):
+    """Make ``record`` the recording that optimizers, modules and the engine report to."""
+    global _recording
+    outer, _recording = _recording, record
+    try:
+        yield record
+    finally:
+        _recording = outer
 
 
 def is_capturing() -> bool:
@@ -205,24 +217,21 @@ class CapturedStep:
 
     def _eager(self, args: tuple) -> Any:
         """A warm-up call: fn on a side stream (as torch's capture recipe does), recording optimizers."""
-        global _recording
         stream = self._side_stream()
         stream.wait_stream(torch.cuda.current_stream())
-        outer, _recording = _recording, _Recording(capturing=False)
+        record = _Recording(capturing=False)
         try:
-            with torch.cuda.stream(stream):
+            with _recorded(record), torch.cuda.stream(stream):
                 out = self.fn(*args)
         finally:
-            self._optimizers.update(_recording.optimizers)
-            self._modules.update(_recording.modules)
-            _recording = outer
+            self._optimizers.update(record.optimizers)
+            self._modules.update(record.modules)
         torch.cuda.current_stream().wait_stream(stream)
         return out
 
     def _capture(self, args: tuple) -> _Graph:
         from ge2.autograd.tensor import Tensor
 
-        global _recording
         static = []
         for a in args:
             t = a.data if isinstance(a, Tensor) else a
@@ -234,14 +243,10 @@ class CapturedStep:
             opt._sync_hyper()  # hyper-parameters set since the warm-up are written before, not inside
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
-        outer, _recording = _recording, _Recording(capturing=True)
-        record = _recording
+        record = _Recording(capturing=True)
         try:
-            try:
-                with torch.cuda.graph(graph, stream=self._side_stream()):
-                    out = self.fn(*call_args)
-            finally:
-                _recording = outer
+            with _recorded(record), torch.cuda.graph(graph, stream=self._side_stream()):
+                out = self.fn(*call_args)
         except CaptureError:
             raise
         except Exception as e:

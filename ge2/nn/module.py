@@ -273,8 +273,7 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__}: forward is not implemented")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if graphs._recording is not None:
-            graphs.note_module(self)  # a captured step is keyed by its modules' train/eval modes
+        graphs.note_module(self)  # a captured step is keyed by its modules' train/eval modes
         return self.forward(*args, **kwargs)
 
     def extra_repr(self) -> str:
