@@ -100,7 +100,7 @@ class _PlannedLaunch:
         STATS["plans"] += 1
         return out
 
-    def _slots(self, names: list[str], values: list, args: tuple, kwargs: dict) -> list:
+    def _slots(self, names: list[str], values: list, kwargs: dict) -> list:
         slots = []
         for at, (name, value) in enumerate(zip(names, values)):
             if _is_slot(value):
@@ -120,7 +120,7 @@ class _PlannedJIT(_PlannedLaunch):
         binder = self.device_caches[driver.active.get_current_device()][4]
         bound, _, _ = binder(*args, **kwargs)
         names, values = list(bound), list(bound.values())
-        return _Plan(kernel, grid, values, self._slots(names, values, args, kwargs), None)
+        return _Plan(kernel, grid, values, self._slots(names, values, kwargs), None)
 
     def _replay(self, plan: _Plan, values: list):
         from triton import knobs
@@ -142,13 +142,13 @@ class _PlannedInterpreted(_PlannedLaunch):
     def _record(self, _out, grid, args, kwargs) -> _Plan:
         import inspect
 
-        params = inspect.signature(self.fn).parameters
-        named = {k: v for k, v in kwargs.items() if k in params}
-        bound = inspect.signature(self.fn).bind(*args, **named)
+        signature = inspect.signature(self.fn)
+        named = {k: v for k, v in kwargs.items() if k in signature.parameters}
+        bound = signature.bind(*args, **named)
         bound.apply_defaults()
         names, values = list(bound.arguments), list(bound.arguments.values())
-        options = {k: v for k, v in kwargs.items() if k not in params}
-        return _Plan(None, grid, values, self._slots(names, values, args, kwargs), options)
+        options = {k: v for k, v in kwargs.items() if k not in signature.parameters}
+        return _Plan(None, grid, values, self._slots(names, values, kwargs), options)
 
     def _replay(self, plan: _Plan, values: list):
         return self._base.run(self, *values, grid=plan.grid, warmup=False, **plan.options)
