@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -20,24 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 import ge2  # noqa: E402
 import ge2.nn.functional as F  # noqa: E402
-from bench.harness import RESULTS_DIR, environment  # noqa: E402
-
-
-def host_us(fn, n: int) -> float:
-    """Median over 5 rounds of the host time per call (µs) of ``n`` back-to-back calls."""
-    for _ in range(3):
-        fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    rounds = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        rounds.append((time.perf_counter() - t0) / n * 1e6)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-    return sorted(rounds)[2]
+from bench.harness import RESULTS_DIR, environment, host_us  # noqa: E402
 
 
 def main() -> None:

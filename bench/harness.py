@@ -21,6 +21,7 @@ import datetime
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,6 +40,27 @@ def time_ms(fn: Callable[[], Any], warmup_ms: int = 25, rep_ms: int = 100, cuda_
     if cuda_graph:
         return float(triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def host_us(fn: Callable[[], Any], n: int, warmup: int = 3) -> float:
+    """Median over 5 rounds of the host time per call (µs) of ``n`` back-to-back calls of ``fn``.
+
+    Nothing synchronises inside a round (the GPU queue absorbs the kernels): the host's launch path
+    is what is timed, after ``warmup`` calls that compile and tune everything.
+    """
+    for _ in range(warmup):
+        fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    rounds = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        rounds.append((time.perf_counter() - t0) / n * 1e6)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    return sorted(rounds)[2]
 
 
 def environment() -> dict[str, str]:

@@ -14,7 +14,6 @@ import cProfile
 import io
 import pstats
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -25,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ge2  # noqa: E402
 import ge2.nn.functional as F  # noqa: E402
+from bench.harness import host_us  # noqa: E402
 
 
 @triton.jit
@@ -32,21 +32,6 @@ def _add_kernel(a, b, o, n, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
     tl.store(o + i, tl.load(a + i, mask=m) + tl.load(b + i, mask=m), mask=m)
-
-
-def host_us(fn, n: int = 2000) -> float:
-    """Median over 5 rounds of the host µs per call of n back-to-back calls."""
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    rounds = []
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        rounds.append((time.perf_counter() - t) / n * 1e6)
-        torch.cuda.synchronize()
-    return sorted(rounds)[2]
 
 
 def main() -> None:
@@ -85,7 +70,7 @@ def main() -> None:
 
     print(f"launch plans: {'on' if launch.ENABLED else 'off'} (GE2_LAUNCH_PLANS)")
     for name, fn in cases.items():
-        print(f"{name:32} {host_us(fn):8.2f} us", flush=True)
+        print(f"{name:32} {host_us(fn, 2000, warmup=50):8.2f} us", flush=True)
     for name in ("ge2 add", "ge2 linear fwd", "ge2 linear fwd+bwd"):
         profile = cProfile.Profile()
         profile.enable()
