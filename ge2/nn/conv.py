@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from ge2 import runtime
 from ge2.autograd.conv import adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d
 from ge2.autograd.tensor import Tensor
 from ge2.backend.conv import _pair
 from ge2.kernels import activations
 from ge2.nn import init
 from ge2.nn.module import Module
-from ge2.nn.parameter import Parameter
 
 
 class Conv2d(Module):
@@ -35,15 +33,8 @@ class Conv2d(Module):
         self.stride, self.dilation = _pair("Conv2d", "stride", stride, 1), _pair("Conv2d", "dilation", dilation, 1)
         self.padding = padding if isinstance(padding, str) else _pair("Conv2d", "padding", padding, 0)
         self.activation, self.negative_slope = activation, negative_slope
-        dev = runtime.resolve_device(device)
-        dtype = dtype or torch.get_default_dtype()
-        self.weight = Parameter(torch.empty((out_channels, in_channels // groups, *self.kernel_size), device=dev,
-                                            dtype=dtype))
-        if bias:
-            self.bias = Parameter(torch.empty(out_channels, device=dev, dtype=dtype))
-        else:
-            self.register_parameter("bias", None)
-        self.reset_parameters()
+        init.add_layer_parameters(self, (out_channels, in_channels // groups, *self.kernel_size), out_channels, bias,
+                                  device, dtype)
 
     def reset_parameters(self) -> None:
         init.default_layer_init_(self.weight, self.bias)

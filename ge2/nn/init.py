@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import math
 
+import torch
+
+from ge2 import runtime
 from ge2.autograd.tensor import Tensor
 
 _GAINS = {"linear": 1.0, "conv1d": 1.0, "conv2d": 1.0, "conv3d": 1.0, "sigmoid": 1.0, "tanh": 5.0 / 3,
@@ -102,3 +105,19 @@ def default_layer_init_(weight: Tensor, bias: Tensor | None) -> None:
         fan_in = _fans(weight)[0]
         bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
         uniform_(bias, -bound, bound)
+
+
+def add_layer_parameters(module, weight_shape: tuple[int, ...], out_features: int, bias: bool, device=None,
+                         dtype: torch.dtype | None = None) -> None:
+    """Register ``weight`` [weight_shape] and ``bias`` [out_features] (or None) on a Linear/Conv layer,
+    on ``device`` in ``dtype`` (default: torch's default dtype), and give them torch's default init."""
+    from ge2.nn.parameter import Parameter
+
+    dev = runtime.resolve_device(device)
+    dtype = dtype or torch.get_default_dtype()
+    module.weight = Parameter(torch.empty(weight_shape, device=dev, dtype=dtype))
+    if bias:
+        module.bias = Parameter(torch.empty(out_features, device=dev, dtype=dtype))
+    else:
+        module.register_parameter("bias", None)
+    module.reset_parameters()

@@ -3,14 +3,12 @@ from __future__ import annotations
 
 import torch
 
-from ge2 import runtime
 from ge2.autograd.linear import linear
 from ge2.autograd.math import flatten
 from ge2.autograd.tensor import Tensor
 from ge2.kernels import activations
 from ge2.nn import init
 from ge2.nn.module import Module
-from ge2.nn.parameter import Parameter
 
 
 class Linear(Module):
@@ -27,14 +25,7 @@ class Linear(Module):
             activations.act_code("Linear", activation, negative_slope)
         self.in_features, self.out_features = in_features, out_features
         self.activation, self.negative_slope = activation, negative_slope
-        dev = runtime.resolve_device(device)
-        dtype = dtype or torch.get_default_dtype()
-        self.weight = Parameter(torch.empty((out_features, in_features), device=dev, dtype=dtype))
-        if bias:
-            self.bias = Parameter(torch.empty(out_features, device=dev, dtype=dtype))
-        else:
-            self.register_parameter("bias", None)
-        self.reset_parameters()
+        init.add_layer_parameters(self, (out_features, in_features), out_features, bias, device, dtype)
 
     def reset_parameters(self) -> None:
         init.default_layer_init_(self.weight, self.bias)
