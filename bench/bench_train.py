@@ -9,9 +9,10 @@ batch 64, 512, 4096; CNN conv3x3 1->32, relu, maxpool, conv3x3 32->64, relu, max
 relu, fc 128->10 on 1x28x28 at batch 64 and 512. ge2 fuses bias+ReLU into its GEMM and conv
 epilogues (its layers' ``activation="relu"``), torch runs its usual modules.
 
-fp32 everywhere with full-precision matmuls and convolutions on both sides (ge2's default "ieee";
-torch with TF32 off for cuBLAS and cuDNN), so both compute the same thing; ``--tf32`` switches both
-to TF32. Variants: torch eager; torch CUDA graph of the whole step (static batch, warm-up on a side
+fp32 everywhere with fp32-accurate matmuls and convolutions on both sides: ge2's default "tf32x3"
+(error-compensated tf32, at least as accurate as cuBLAS SGEMM: docs/gemm.md) against torch's
+default with TF32 off for cuBLAS and cuDNN. ``--ieee`` runs ge2's CUDA-core fp32 path instead,
+``--tf32`` switches both sides to one-pass TF32. Variants: torch eager; torch CUDA graph of the whole step (static batch, warm-up on a side
 stream, as in torch's documentation); torch.compile of the forward+loss (backward and optimizer
 eager; compiling takes ~a minute per shape, so only the target shapes unless ``--compile-all``);
 ge2 eager; ge2.capture. Medians of ``triton.testing.do_bench``: for host-bound steps the events
@@ -33,10 +34,10 @@ import ge2.nn as gnn  # noqa: E402
 import ge2.nn.functional as gF  # noqa: E402
 from bench.harness import Bench  # noqa: E402
 
-PREDICTION = ("host-bound below ~b512: ge2 eager pays ~15-20 launches x its host cost per launch; captured "
-              "steps replay ~15 kernels (fused bias+relu epilogues, fused CE, one multi-tensor SGD) against "
-              "torch's ~25, so ge2 captured < torch graph where kernels are small; at b4096 the GEMMs dominate "
-              "(fp32 ieee: ~3 x 7.6 GFLOP at ~50 TFLOP/s = ~0.45 ms on both sides)")
+PREDICTION = ("eager steps are host-bound (ge2 ~100 us of Python per op on the device host vs torch's ~10); "
+              "captured MLP b512: tf32x3 GEMMs measured ~23-37 us each (~165 us for the step's 7 large ones) + ~40 us "
+              "of fused CE / bias-grad / SGD kernels = ~0.21 ms vs torch graph 0.32 ms (cuBLAS SGEMM ~30-40 us "
+              "each); b4096: ~0.8 ms vs 1.09 ms; CNN b64 is decided by the conv kernels (issue 5)")
 
 LR, MOMENTUM = 0.01, 0.9
 
@@ -161,6 +162,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny batches, each variant once (CPU too)")
     ap.add_argument("--tf32", action="store_true", help="TF32 matmuls/convs on both sides")
+    ap.add_argument("--ieee", action="store_true", help="ge2's CUDA-core fp32 matmuls (torch: fp32 as usual)")
     ap.add_argument("--compile-all", action="store_true", help="torch.compile every shape, not only the targets")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     args = ap.parse_args()
@@ -172,10 +174,11 @@ def main() -> None:
         sys.exit("bench_train: needs a GPU (use --smoke on the CPU)")
     cuda = torch.cuda.is_available()
     device = ge2.device()
-    ge2.set_matmul_precision("tf32" if args.tf32 else "ieee")
+    precision = "tf32" if args.tf32 else "ieee" if args.ieee else ge2.get_matmul_precision()
+    ge2.set_matmul_precision(precision)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
     torch.backends.cudnn.benchmark = True
-    bench = Bench("train_step_tf32" if args.tf32 else "train_step", warmup_ms=100, rep_ms=500)
+    bench = Bench("train_step" + ("" if precision == "tf32x3" else "_" + precision), warmup_ms=100, rep_ms=500)
     print(PREDICTION)
     for model_name, batch in cases:
         ref, mine, shape = (mlp_pair if model_name == "mlp" else cnn_pair)()
@@ -201,7 +204,7 @@ def main() -> None:
         print(f"  ge2 captured / torch graph = {row.get('ge2_graph_over_torch_graph', float('nan')):.2f}   "
               f"ge2 eager / torch eager = {row.get('ge2_eager_over_torch_eager', float('nan')):.2f}", flush=True)
     if cuda:
-        bench.report(prediction=PREDICTION, precision="tf32" if args.tf32 else "ieee")
+        bench.report(prediction=PREDICTION, precision=precision)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import ge2  # noqa: E402
 @pytest.fixture(autouse=True)
 def _isolate_global_state():
     """Every test starts on the triton backend (GE2_TEST_BACKEND=torch runs the suite on the
-    oracle, to check the tests themselves), ieee precision and grad mode on."""
+    oracle, to check the tests themselves), the default fp32 precision and grad mode on."""
     precision = ge2.get_matmul_precision()
     backend = ge2.get_backend()
     ge2.use_backend(os.environ.get("GE2_TEST_BACKEND", "triton"))

@@ -22,11 +22,11 @@ def test_device_choice_matches_hardware():
 
 
 def test_matmul_precision_setting():
-    assert ge2.get_matmul_precision() == "ieee"  # documented default
+    assert ge2.get_matmul_precision() == "tf32x3"  # documented default
     old = ge2.set_matmul_precision("tf32")
-    assert old == "ieee" and ge2.get_matmul_precision() == "tf32"
-    ge2.set_matmul_precision("tf32x3")
-    assert ge2.get_matmul_precision() == "tf32x3"
+    assert old == "tf32x3" and ge2.get_matmul_precision() == "tf32"
+    ge2.set_matmul_precision("ieee")
+    assert ge2.get_matmul_precision() == "ieee"
 
 
 @runtime.autotune(

@@ -66,12 +66,21 @@ CONFIGS_16BIT = [
     tile_config(64, 128, 64, 4, 4),
     tile_config(64, 64, 64, 4, 4),
 ]
-CONFIGS_FP32 = [
+CONFIGS_FP32 = [  # tf32 / tf32x3 tensor-core tiles
     tile_config(128, 256, 32, 8, 3),
     tile_config(128, 128, 32, 8, 4),
     tile_config(128, 128, 32, 4, 4),
     tile_config(64, 128, 32, 4, 4),
     tile_config(64, 64, 32, 4, 4),
+]
+# "ieee" fp32 (and fp64) dots are CUDA-core FMAs: small tiles that fill the SMs win. Measured on
+# the H100 at the MLP step's shapes, the tensor-core tiles above ran 1.2-30x slower (a 64x128 FMA
+# tile through TMA spills: 2.3 ms for 64x1024x784), and TMA buys nothing for FMA tiles.
+CONFIGS_FMA = [
+    tile_config(32, 32, 32, 4, 3),
+    tile_config(32, 64, 32, 4, 3),
+    tile_config(64, 64, 32, 4, 3),
+    tile_config(128, 64, 32, 8, 3),
 ]
 # tf32: round operands to nearest before the tensor cores (cuBLAS's numerics); the bench turns
 # this off once to measure what the rounding costs.
@@ -88,8 +97,14 @@ def _prune(configs, named_args, **_kwargs):
     M, N, K, B = named_args["M"], named_args["N"], named_args["K"], named_args["B"]
     if M * N * K * B < SMALL_PROBLEM:
         return [SMALL_CONFIG]
-    wide = named_args["a_ptr"].element_size() <= 2
-    return [c for c in configs if (c in CONFIGS_16BIT) == wide] or [SMALL_CONFIG]
+    size = named_args["a_ptr"].element_size()
+    if size <= 2:
+        space = CONFIGS_16BIT
+    elif {**named_args, **_kwargs}["PRECISION"] == "ieee":  # fp32 ieee and fp64
+        space = CONFIGS_FMA
+    else:
+        space = CONFIGS_FP32
+    return [c for c in configs if c in space] or [SMALL_CONFIG]
 
 
 def _even_k(args) -> bool:
@@ -167,7 +182,7 @@ def _epilogue(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn, bias_ptr, 
 
 
 @runtime.autotune(
-    CONFIGS_16BIT + CONFIGS_FP32,
+    CONFIGS_16BIT + CONFIGS_FP32 + CONFIGS_FMA,
     key=["M", "N", "K", "B", "REDUCE_BATCH", "PRECISION", "ROUND_TF32"],
     default=INTERPRETER_CONFIG,
     prune_configs_by={"early_config_prune": _prune},
@@ -465,7 +480,7 @@ def _launch(a_view, b_view, y, *, z=None, c=None, bias=None, bias_kind=0, act=0,
         a_view, b_view = _k_major(a_view, "a"), _k_major(b_view, "b")
         a, (sab, sam, sak) = a_view[0], a_view[1]
         b, (sbb, sbk, sbn) = b_view[0], b_view[1]
-    tma = (_tma_descriptors(a_view, b_view, round_tf32) if USE_TMA and not reduce_batch
+    tma = (_tma_descriptors(a_view, b_view, round_tf32) if USE_TMA and not reduce_batch and precision != "ieee"
            and not runtime.is_interpreter() and M * N * K >= SMALL_PROBLEM and _tma_sms(a.device) else None)
     if tma is not None:
         a_desc, b_desc, a_kmajor, b_kmajor = tma
