@@ -110,6 +110,21 @@ def test_conv2d_weight_gradient_split_is_deterministic(monkeypatch):
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
 
 
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("case", [(3, 2, 6, 7, 5, (3, 3), 1, 1, 1, 1), (2, 17, 6, 7, 18, (3, 2), 1, 1, 1, 1)],
+                         ids=["flat", "per-tap"])
+def test_conv2d_weight_and_bias_gradients_over_splits_with_activation(case, layout, monkeypatch):
+    # dW forms gZ = gY * act'(Y) as it loads gY and sums db in extra programs of its grid; with
+    # tiny splits the partials (dW and db in one row per split) go through the fixed-order sum.
+    from ge2.kernels import conv as K
+
+    monkeypatch.setattr(K, "DW_MIN_SPLIT", 16)
+    monkeypatch.setattr(K, "DW_SPLIT_GRAIN", 16)
+    assert K._dw_splits(case[0] * case[2] * case[3], 1)[0] > 2
+    _check_conv(case, layout, act="relu", seed=27)
+    _check_conv(case, layout, act="gelu", seed=28)
+
+
 def test_conv2d_channels_last_weight_and_unbatched_input():
     x, w, b = randn(3, 6, 5, seed=31), randn(4, 3, 2, 2, seed=32), randn(4, seed=33)
     w_cl = w.contiguous(memory_format=torch.channels_last)

@@ -54,7 +54,7 @@ import triton.language as tl
 
 from ge2 import runtime
 from ge2.kernels import activations
-from ge2.kernels.activations import act_fwd
+from ge2.kernels.activations import act_fwd, act_grad_from_y, act_grad_from_z
 from ge2.kernels.gemm import _precision, _tile_coords, bias_act_backward, sum_partials_kernel, tile_config
 
 
@@ -72,6 +72,10 @@ class ConvGeometry(NamedTuple):
 TAP_MIN_CHANNELS = 16
 # Problems under this many multiply-adds are launch-bound: one config, no tuning.
 SMALL_PROBLEM = 1 << 24
+# fp32 flat convs with at most this many reduction elements (Cg*R*S) run as direct FMA loops
+# (``DIRECT``), in every precision mode; "ieee" takes them at any length (Triton's fp32 FMA dot
+# is slower than the plain rank-1 loop).
+DIRECT_MAX_REDUCTION = 32
 
 # ---------------------------------------------------------------------------------------------
 # Config space (Hopper). Tap-major tiles: 16-bit operands take 64-deep K steps, fp32 ones 32-deep
@@ -100,6 +104,18 @@ CONFIGS_FLAT = [
     tile_config(64, 64, 32, 4, 2),
     tile_config(128, 128, 32, 8, 2),
 ]
+# Direct (CUDA-core FMA) tiles for fp32 with a short reduction (see ``DIRECT_MAX_REDUCTION``):
+# BLOCK_K is unused; BLOCK_N follows the layer's output channels (32 for an MNIST stem).
+CONFIGS_DIRECT = [
+    tile_config(128, 32, 16, 4, 1),
+    tile_config(128, 64, 16, 4, 1),
+    tile_config(64, 64, 16, 4, 1),
+    tile_config(256, 32, 16, 8, 1),
+]
+# dW tiles are [out channels, columns]: the 32-wide ones fit the small layers (Cg = 32 per tap,
+# or an MNIST stem's 9 columns) whose 64-wide tiles were half padding.
+CONFIGS_DW_16 = CONFIGS_TAP_16 + [tile_config(64, 32, 64, 4, 4)]
+CONFIGS_DW_32 = CONFIGS_TAP_32 + [tile_config(64, 32, 32, 4, 4)]
 # The interpreter runs one pinned config. Its cost is per program and per step, nearly independent
 # of tile size, so M is 64 wide (an 8x8 MNIST-like batch of 64 takes 64 programs, not 128); K stays
 # 16 deep so that the tests' 20-channel case still walks two channel blocks.
@@ -131,6 +147,11 @@ def _prune_gemm(configs, *, wide: bool, flat: bool, n: int, macs: int):
 def _prune_fwd(configs, named_args, **kwargs):
     a = named_args
     macs = a["N"] * a["P"] * a["Q"] * a["K"] * a["Cg"] * a["R"] * a["S"]
+    if kwargs.get("DIRECT"):
+        keep = [c for c in configs if c in CONFIGS_DIRECT and c.kwargs["BLOCK_N"] <= max(32, _next_pow2(a["Kg"]))]
+        if macs < SMALL_PROBLEM:
+            return [max(keep, key=lambda c: (c.kwargs["BLOCK_N"], -c.kwargs["BLOCK_M"]))]
+        return keep
     return _prune_gemm(configs, wide=a["x_ptr"].element_size() <= 2, flat=bool(kwargs.get("FLAT")), n=a["Kg"],
                        macs=macs)
 
@@ -142,13 +163,19 @@ def _prune_dx(configs, named_args, **kwargs):
 
 
 def _prune_dw(configs, named_args, **kwargs):
+    """dW tiles no more than one power of two wider than the layer (rows: Kg, columns: Cg or Cg*R*S)."""
     a = named_args
     macs = a["N"] * a["P"] * a["Q"] * a["K"] * a["Cg"] * a["R"] * a["S"]
     n = a["Cg"] if kwargs.get("PER_TAP") else a["Cg"] * a["R"] * a["S"]
-    return _prune_gemm(configs, wide=a["gz_ptr"].element_size() <= 2, flat=False, n=n, macs=macs)
+    space = CONFIGS_DW_16 if a["x_ptr"].element_size() <= 2 else CONFIGS_DW_32
+    keep = [c for c in configs if c in space and c.kwargs["BLOCK_M"] <= max(64, _next_pow2(a["Kg"]))
+            and c.kwargs["BLOCK_N"] <= max(32, _next_pow2(n))] or space[-1:]
+    if macs < SMALL_PROBLEM:
+        return [min(keep, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+    return keep
 
 
-_ALL_GEMM_CONFIGS = CONFIGS_TAP_16 + CONFIGS_TAP_32 + CONFIGS_FLAT
+_ALL_GEMM_CONFIGS = CONFIGS_TAP_16 + CONFIGS_TAP_32 + CONFIGS_FLAT + CONFIGS_DIRECT
 _CONV_KEY = ["N", "C", "H", "W", "K", "P", "Q", "R", "S", "Cg", "Kg", "sxc", "PRECISION"]
 # Sizes enter only index arithmetic and masks: not specialising them on divisibility lets a
 # batch-8 test shape reuse the batch-64 benchmark's compiled kernels.
@@ -157,7 +184,7 @@ _SIZES = ["N", "C", "H", "W", "K", "P", "Q"]
 _DW_SIZES = ["N", "H", "W", "P", "Q"]
 
 
-@runtime.autotune(_ALL_GEMM_CONFIGS, key=_CONV_KEY + ["FLAT"], default=INTERPRETER_CONFIG,
+@runtime.autotune(_ALL_GEMM_CONFIGS, key=_CONV_KEY + ["FLAT", "DIRECT"], default=INTERPRETER_CONFIG,
                   prune_configs_by={"early_config_prune": _prune_fwd}, do_bench=tuning_bench)
 @triton.jit(do_not_specialize=_SIZES)
 def conv2d_fwd_kernel(
@@ -166,7 +193,7 @@ def conv2d_fwd_kernel(
     sxn, sxc, sxh, sxw, swk, swc, swr, sws, swg, w_base, syn, syk, syp, syq, sbias,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, act_alpha,
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SAVE_Z: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, FLAT: tl.constexpr, PIX_VEC: tl.constexpr,
+    UPCAST: tl.constexpr, FLAT: tl.constexpr, DIRECT: tl.constexpr, PIX_VEC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """One [BLOCK_M pixels, BLOCK_N channels] tile of Y for group program_id(1).
@@ -191,7 +218,20 @@ def conv2d_fwd_kernel(
     h0 = p * stride_h - pad_h
     w0 = q * stride_w - pad_w
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if FLAT:
+    if DIRECT:
+        # fp32, short reduction: one rank-1 update per (c, r, s) on the CUDA cores, exact fp32 in
+        # every precision mode (a tensor-core step would be mostly padding: 9 of 32 for an MNIST stem).
+        for kk in range(0, Cg * R * S):
+            c = kk % Cg
+            r = (kk // Cg) // S
+            s = (kk // Cg) % S
+            hi = h0 + r * dil_h
+            wi = w0 + s * dil_w
+            ok = mask_m & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+            a = tl.load(x_rows + (hi * sxh + wi * sxw) + c * sxc, mask=ok, other=0.0).to(tl.float32)
+            b = tl.load(w_cols + (c * swc + r * swr + s * sws), mask=mask_n, other=0.0).to(tl.float32)
+            acc += a[:, None] * b[None, :]
+    elif FLAT:
         CRS = Cg * R * S
         for k0 in range(0, CRS, BLOCK_K):
             kk = k0 + offs_k
@@ -310,82 +350,120 @@ def conv2d_dx_kernel(
     tl.store(dx_ptr + dx_offs, acc.to(dx_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-@runtime.autotune(CONFIGS_TAP_16 + CONFIGS_TAP_32, key=_CONV_KEY + ["SPLIT_LEN", "PER_TAP"],
+@triton.jit
+def _dw_gz_tile(gy_ptr, saved_ptr, offs_k, k_ok, j, j_ok, P, Q, sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, act_alpha,
+                ACT: tl.constexpr, FROM_Z: tl.constexpr):
+    """gZ[k, j] = gY * act'(saved) for output channels offs_k (absolute) and flat output pixels j
+    = (n, p, q); fp32 when an activation is applied, else gY's dtype."""
+    q = j % Q
+    p = (j // Q) % P
+    n = (j // (P * Q)).to(tl.int64)
+    mask = k_ok[:, None] & j_ok[None, :]
+    k64 = offs_k.to(tl.int64)[:, None]
+    g = tl.load(gy_ptr + k64 * sgk + (n * sgn + p * sgp + q * sgq)[None, :], mask=mask, other=0.0)
+    if ACT != 0:
+        sv = tl.load(saved_ptr + k64 * ssk + (n * ssn + p * ssp + q * ssq)[None, :], mask=mask,
+                     other=0.0).to(tl.float32)
+        if FROM_Z:
+            g = g.to(tl.float32) * act_grad_from_z(sv, ACT, act_alpha)
+        else:
+            g = g.to(tl.float32) * act_grad_from_y(sv, ACT, act_alpha)
+    return g
+
+
+@runtime.autotune(CONFIGS_DW_16 + CONFIGS_DW_32, key=_CONV_KEY + ["SPLIT_LEN", "PER_TAP", "ACT", "HAS_DB"],
                   default=INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_dw},
                   do_bench=tuning_bench)
-@triton.jit(do_not_specialize=_SIZES + ["SPLIT_LEN"])
+@triton.jit(do_not_specialize=_SIZES + ["SPLIT_LEN", "ROW"])
 def conv2d_dw_kernel(
-    gz_ptr, x_ptr, out_ptr,
-    N, C, H, W, K, P, Q, R, S, Cg, Kg, SPLIT_LEN,
-    sgn, sgk, sgp, sgq, sxn, sxc, sxh, sxw,
-    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+    gy_ptr, saved_ptr, x_ptr, out_ptr,
+    N, C, H, W, K, P, Q, R, S, Cg, Kg, SPLIT_LEN, ROW,
+    sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, sxn, sxc, sxh, sxw,
+    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, act_alpha,
+    ACT: tl.constexpr, FROM_Z: tl.constexpr, HAS_DB: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, PER_TAP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """A [BLOCK_M out channels, BLOCK_N] tile of dW over pixels [split*SPLIT_LEN, (split+1)*SPLIT_LEN)
-    of N*P*Q, split = program_id(2).
+    of N*P*Q, split = program_id(2), with gZ = gY * act'(saved) formed as it is loaded.
 
-    PER_TAP: program_id(1) = g*R*S + tap and the N columns are the group's Cg input channels
-    (contiguous in NHWC X); else program_id(1) = g and the columns are (c, r, s) flattened.
-    Writes out[split, k, c, r, s] (contiguous): dW itself when there is one split, else fp32 partials.
+    PER_TAP: program_id(1) = g*R*S + tap and the N columns are the group's Cg input channels;
+    else program_id(1) = g and the columns are (c, r, s) flattened. With HAS_DB, program_id(1) =
+    groups*taps + g are the bias-gradient programs: row sums of the split's gZ (one per k tile).
+    Writes row ``split`` of out [splits, ROW] (contiguous): dW [K, Cg, R, S] in its first K*Cg*R*S
+    entries, db [K] after them; dW and db themselves when there is one split, else fp32 partials.
     """
     split = tl.program_id(2)
     CRS = Cg * R * S
     L = N * P * Q
     if PER_TAP:
-        g = tl.program_id(1) // (R * S)
-        rs = tl.program_id(1) % (R * S)
+        taps = R * S
         NCOLS = Cg
     else:
-        g = tl.program_id(1)
-        rs = 0
+        taps = 1
         NCOLS = CRS
+    slot = tl.program_id(1)
+    main_slots = (K // Kg) * taps
+    is_db = slot >= main_slots
+    g = tl.where(is_db, slot - main_slots, slot // taps)
+    rs = slot % taps
     pid_m, pid_n = _tile_coords(tl.program_id(0), Kg, NCOLS, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_j = tl.arange(0, BLOCK_K)
     mask_m = offs_m < Kg
     mask_n = offs_n < NCOLS
-    if PER_TAP:
-        c = offs_n
-        r = rs // S + offs_n * 0
-        s = rs % S + offs_n * 0
-    else:
-        c = offs_n // (R * S)
-        r = (offs_n // S) % R
-        s = offs_n % S
-    g_rows = gz_ptr + (g * Kg + offs_m).to(tl.int64) * sgk  # [BLOCK_M]
-    x_cols = x_ptr + (g * Cg + c).to(tl.int64) * sxc  # [BLOCK_N]
+    k_abs = g * Kg + offs_m
     lo = split * SPLIT_LEN
     hi_j = tl.minimum(lo + SPLIT_LEN, L)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for j0 in range(lo, hi_j, BLOCK_K):
-        j = j0 + offs_j
-        j_ok = j < hi_j
-        q = j % Q
-        p = (j // Q) % P
-        n = (j // (P * Q)).to(tl.int64)
-        a = tl.load(g_rows[:, None] + (n * sgn + p * sgp + q * sgq)[None, :],
-                    mask=mask_m[:, None] & j_ok[None, :], other=0.0)
-        if PER_TAP:  # one tap: the input pixel depends on j only
-            hx = p * stride_h - pad_h + (rs // S) * dil_h
-            wx = q * stride_w - pad_w + (rs % S) * dil_w
-            x_ok = j_ok & (hx >= 0) & (hx < H) & (wx >= 0) & (wx < W)
-            b = tl.load(x_cols[None, :] + (n * sxn + hx * sxh + wx * sxw)[:, None],
-                        mask=x_ok[:, None] & mask_n[None, :], other=0.0)
+    out_row = out_ptr + split.to(tl.int64) * ROW
+    if is_db:
+        # One program per k tile (the pid_n == 0 column) sums gZ over the split's pixels.
+        hi_j = tl.where(pid_n == 0, hi_j, lo)
+        db = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for j0 in range(lo, hi_j, BLOCK_K):
+            j = j0 + offs_j
+            a = _dw_gz_tile(gy_ptr, saved_ptr, k_abs, mask_m, j, j < hi_j, P, Q, sgn, sgk, sgp, sgq,
+                            ssn, ssk, ssp, ssq, act_alpha, ACT, FROM_Z)
+            db += tl.sum(a.to(tl.float32), axis=1)
+        tl.store(out_row + K * CRS + k_abs, db.to(out_ptr.dtype.element_ty), mask=mask_m & (pid_n == 0))
+    else:
+        if PER_TAP:
+            c = offs_n
+            r = rs // S + offs_n * 0
+            s = rs % S + offs_n * 0
         else:
-            hx = (p * stride_h - pad_h)[:, None] + (r * dil_h)[None, :]
-            wx = (q * stride_w - pad_w)[:, None] + (s * dil_w)[None, :]
-            x_ok = j_ok[:, None] & mask_n[None, :] & (hx >= 0) & (hx < H) & (wx >= 0) & (wx < W)
-            b = tl.load(x_cols[None, :] + (n * sxn)[:, None] + hx * sxh + wx * sxw, mask=x_ok, other=0.0)
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=tl.float32)
-    col = c * (R * S) + r * S + s  # (c, r, s) within [Cg, R, S]
-    out_offs = (split.to(tl.int64) * K * CRS + ((g * Kg + offs_m) * CRS)[:, None].to(tl.int64)
-                + col[None, :])
-    tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+            c = offs_n // (R * S)
+            r = (offs_n // S) % R
+            s = offs_n % S
+        x_cols = x_ptr + (g * Cg + c).to(tl.int64) * sxc  # [BLOCK_N]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for j0 in range(lo, hi_j, BLOCK_K):
+            j = j0 + offs_j
+            j_ok = j < hi_j
+            a = _dw_gz_tile(gy_ptr, saved_ptr, k_abs, mask_m, j, j_ok, P, Q, sgn, sgk, sgp, sgq,
+                            ssn, ssk, ssp, ssq, act_alpha, ACT, FROM_Z).to(x_ptr.dtype.element_ty)
+            q = j % Q
+            p = (j // Q) % P
+            n = (j // (P * Q)).to(tl.int64)
+            if PER_TAP:  # one tap: the input pixel depends on j only
+                hx = p * stride_h - pad_h + (rs // S) * dil_h
+                wx = q * stride_w - pad_w + (rs % S) * dil_w
+                x_ok = j_ok & (hx >= 0) & (hx < H) & (wx >= 0) & (wx < W)
+                b = tl.load(x_cols[None, :] + (n * sxn + hx * sxh + wx * sxw)[:, None],
+                            mask=x_ok[:, None] & mask_n[None, :], other=0.0)
+            else:
+                hx = (p * stride_h - pad_h)[:, None] + (r * dil_h)[None, :]
+                wx = (q * stride_w - pad_w)[:, None] + (s * dil_w)[None, :]
+                x_ok = j_ok[:, None] & mask_n[None, :] & (hx >= 0) & (hx < H) & (wx >= 0) & (wx < W)
+                b = tl.load(x_cols[None, :] + (n * sxn)[:, None] + hx * sxh + wx * sxw, mask=x_ok, other=0.0)
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=tl.float32)
+        col = c * (R * S) + r * S + s  # (c, r, s) within [Cg, R, S]
+        tl.store(out_row + (k_abs * CRS)[:, None].to(tl.int64) + col[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=mask_m[:, None] & mask_n[None, :])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -559,6 +637,9 @@ def _launch_fwd(x: torch.Tensor, wv: _WeightView, bias: torch.Tensor | None, y: 
     Nb, C, H, W = x.shape
     K, P, Q = y.shape[1], y.shape[2], y.shape[3]
     flat = Cg < TAP_MIN_CHANNELS
+    numerics = _numerics(x.dtype)
+    direct = flat and x.dtype == torch.float32 and (Cg * R * S <= DIRECT_MAX_REDUCTION
+                                                    or numerics["PRECISION"] == "ieee")
     grid = lambda meta: (triton.cdiv(Nb * P * Q, meta["BLOCK_M"]) * triton.cdiv(Kg, meta["BLOCK_N"]), geo.groups)
     conv2d_fwd_kernel[grid](
         x, wv.tensor, bias if bias is not None else y, y, z if z is not None else y,
@@ -566,8 +647,8 @@ def _launch_fwd(x: torch.Tensor, wv: _WeightView, bias: torch.Tensor | None, y: 
         *x.stride(), wv.sk, wv.sc, wv.sr, wv.ss, wv.sg, wv.base_off, *y.stride(),
         bias.stride(0) if bias is not None else 0,
         *geo.stride, *geo.pad, *geo.dilation, float(act_alpha),
-        HAS_BIAS=bias is not None, ACT=code, SAVE_Z=z is not None, FLAT=flat, PIX_VEC=_pixel_vector(y),
-        **_numerics(x.dtype),
+        HAS_BIAS=bias is not None, ACT=code, SAVE_Z=z is not None, FLAT=flat, DIRECT=direct,
+        PIX_VEC=_pixel_vector(y), **numerics,
     )
 
 
@@ -625,17 +706,37 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geo
     return y, z
 
 
-# Each dW split gets at least this many reduction elements (a multiple of every BLOCK_K).
-DW_MIN_SPLIT = 1024
-# Aim for this many dW programs: ~2 waves of an H100's 132 SMs.
+# dW's N*P*Q reduction is split across programs when the tile grid alone would not fill the GPU;
+# the fp32 partials of the splits are then added in a fixed order (deterministic, no atomics).
+# Each split gets at least DW_MIN_SPLIT pixels (a few pipelined BLOCK_K steps) in multiples of
+# DW_SPLIT_GRAIN (a multiple of every BLOCK_K); splits aim at DW_TARGET_PROGRAMS programs (~2
+# waves of an H100's 132 SMs); at most DW_MAX_SPLITS of them, so that one [splits, 32] load per
+# program adds them up; and their partials stay under DW_PARTIAL_FLOATS (or 1/8 of gZ).
+DW_MIN_SPLIT = 256
+DW_SPLIT_GRAIN = 64
 DW_TARGET_PROGRAMS = 264
+DW_MAX_SPLITS = 128
+DW_PARTIAL_FLOATS = 1 << 19
 
 
-def _dw_splits(L: int, tiles: int) -> tuple[int, int]:
-    """(number of splits, elements per split) of dW's N*P*Q reduction."""
-    splits = max(1, min(triton.cdiv(DW_TARGET_PROGRAMS, tiles), L // DW_MIN_SPLIT))
-    split_len = triton.cdiv(triton.cdiv(L, splits), 128) * 128
+def _dw_splits(L: int, tiles: int, row: int = 1, gz_numel: int = 0) -> tuple[int, int]:
+    """(number of splits, elements per split) of dW's reduction over L = N*P*Q pixels, for a grid
+    of ``tiles`` programs per split whose partials are ``row`` floats per split."""
+    cap = max(DW_PARTIAL_FLOATS, gz_numel // 8) // max(row, 1)
+    splits = max(1, min(triton.cdiv(DW_TARGET_PROGRAMS, tiles), L // DW_MIN_SPLIT, cap, DW_MAX_SPLITS))
+    split_len = triton.cdiv(triton.cdiv(L, splits), DW_SPLIT_GRAIN) * DW_SPLIT_GRAIN
     return triton.cdiv(L, split_len), split_len
+
+
+def _sum_splits(partials: torch.Tensor, out: torch.Tensor) -> None:
+    """out[l] = sum over s of partials[s, l], in a fixed order; one [≤128, ≥32] block per program
+    (the GEMM module's default 32-row blocks left the few programs of a short row looping over
+    hundreds of partials, one memory latency each)."""
+    splits, length = partials.shape
+    block_p = min(DW_MAX_SPLITS, _next_pow2(splits))
+    block_l = max(32, 4096 // block_p)
+    sum_partials_kernel[(triton.cdiv(length, block_l),)](partials, out, splits, length,
+                                                         BLOCK_P=block_p, BLOCK_L=block_l)
 
 
 def _pixels_by_channels(gy: torch.Tensor) -> torch.Tensor:
@@ -644,11 +745,6 @@ def _pixels_by_channels(gy: torch.Tensor) -> torch.Tensor:
     if P > 1 and Q > 1 and gy.stride(2) != Q * gy.stride(3):
         gy = gy.contiguous(memory_format=torch.channels_last)
     return gy.as_strided((Nb, P * Q, K), (gy.stride(0), gy.stride(3) if Q > 1 else gy.stride(2), gy.stride(1)))
-
-
-def _sum_splits(out: torch.Tensor, dw: torch.Tensor, splits: int) -> None:
-    if splits > 1:
-        sum_partials_kernel[(triton.cdiv(dw.numel(), 128),)](out, dw, splits, dw.numel(), BLOCK_P=32, BLOCK_L=128)
 
 
 def _dx(gz: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, geo: ConvGeometry) -> torch.Tensor:
@@ -687,19 +783,27 @@ def _dx(gz: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, geo: ConvGeomet
     return dx
 
 
-def _dw(gz: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, geo: ConvGeometry) -> torch.Tensor:
-    """dW [K, C/groups, R, S] contiguous from gZ [N, K, P, Q] and x."""
+def _dw(gy: torch.Tensor, saved: torch.Tensor | None, x: torch.Tensor, weight: torch.Tensor, geo: ConvGeometry, *,
+        code: int = activations.NONE, act_alpha: float = 0.0, from_z: bool = False, with_db: bool = False):
+    """(dW [K, C/groups, R, S] contiguous, db [K] | None) from gY [N, K, P, Q] and x, with
+    gZ = gY * act'(saved) formed on the fly (``code``: the activation; NONE: gZ = gY)."""
     Nb, C, H, W = x.shape
     K, Cg, R, S = weight.shape
     P, Q = geo.out_hw
     Kg = K // geo.groups
     L = Nb * P * Q
-    dw = torch.empty(tuple(weight.shape), dtype=weight.dtype, device=weight.device)
-    if dw.numel() == 0:
-        return dw
+    CRS = Cg * R * S
+    row = K * CRS + (K if with_db else 0)
+    flat = torch.empty(row, dtype=weight.dtype, device=weight.device)  # dW, then db: one sum pass
+    dw = flat[:K * CRS].view(K, Cg, R, S)
+    db = flat[K * CRS:] if with_db else None
+    if flat.numel() == 0:
+        return dw, db
     if L == 0:
-        return dw.fill_(0)
+        flat.fill_(0)
+        return dw, db
     if _is_depthwise(weight, geo.groups):
+        assert code == activations.NONE and not with_db, "depthwise dW takes a formed gZ, db apart"
         rows = Nb * P
         tiles = triton.cdiv(C, 64) * R * S
         splits = max(1, min(triton.cdiv(DW_TARGET_PROGRAMS, tiles), rows // 8))
@@ -709,27 +813,33 @@ def _dw(gz: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, geo: ConvGeomet
             (splits, dw.numel()), dtype=torch.float32, device=dw.device)
         grid = lambda meta: (triton.cdiv(C, meta["BLOCK_C"]), R * S, splits)
         conv2d_depthwise_dw_kernel[grid](
-            gz, x, out, Nb, C, H, W, P, Q, R, S, split_rows,
-            *gz.stride(), *x.stride(), *geo.stride, *geo.pad, *geo.dilation)
+            gy, x, out, Nb, C, H, W, P, Q, R, S, split_rows,
+            *gy.stride(), *x.stride(), *geo.stride, *geo.pad, *geo.dilation)
         if out is not dw:
-            sum_partials_kernel[(triton.cdiv(dw.numel(), 128),)](out, dw, splits, dw.numel(), BLOCK_P=32, BLOCK_L=128)
-        return dw
+            _sum_splits(out, flat)
+        return dw, db
     per_tap = Cg >= TAP_MIN_CHANNELS
-    if per_tap:  # both operands read along channels
-        gz, x = _nhwc(gz), _nhwc(x)
-        tiles = triton.cdiv(Kg, 64) * triton.cdiv(Cg, 64) * geo.groups * R * S
-    else:
-        tiles = triton.cdiv(Kg, 64) * triton.cdiv(Cg * R * S, 64) * geo.groups
-    splits, split_len = _dw_splits(L, tiles)
-    out = dw if splits == 1 else torch.empty((splits, dw.numel()), dtype=torch.float32, device=dw.device)
-    ncols = Cg if per_tap else Cg * R * S
-    grid = lambda meta: (triton.cdiv(Kg, meta["BLOCK_M"]) * triton.cdiv(ncols, meta["BLOCK_N"]),
-                         geo.groups * (R * S if per_tap else 1), splits)
+    if per_tap and x.element_size() <= 2:
+        # 16-bit: both operands read along channels (NHWC), 16-byte loads. fp32 keeps the layout
+        # it was given: for NCHW that makes both operands contiguous along the pixel reduction,
+        # the K-major order that tf32 wgmma needs.
+        gy, x = _nhwc(gy), _nhwc(x)
+        saved = _nhwc(saved) if saved is not None else None
+    taps = R * S if per_tap else 1
+    ncols = Cg if per_tap else CRS
+    tiles = triton.cdiv(Kg, 64) * triton.cdiv(ncols, 64) * geo.groups * taps
+    splits, split_len = _dw_splits(L, tiles, row, gy.numel())
+    out = flat if splits == 1 else torch.empty((splits, row), dtype=torch.float32, device=flat.device)
+    slots = geo.groups * taps + (geo.groups if with_db else 0)
+    grid = lambda meta: (triton.cdiv(Kg, meta["BLOCK_M"]) * triton.cdiv(ncols, meta["BLOCK_N"]), slots, splits)
+    sv = saved if saved is not None and code != activations.NONE else gy
     conv2d_dw_kernel[grid](
-        gz, x, out, Nb, C, H, W, K, P, Q, R, S, Cg, Kg, split_len,
-        *gz.stride(), *x.stride(), *geo.stride, *geo.pad, *geo.dilation, PER_TAP=per_tap, **_numerics(x.dtype))
-    _sum_splits(out, dw, splits)
-    return dw
+        gy, sv, x, out, Nb, C, H, W, K, P, Q, R, S, Cg, Kg, split_len, row,
+        *gy.stride(), *sv.stride(), *x.stride(), *geo.stride, *geo.pad, *geo.dilation, float(act_alpha),
+        ACT=code, FROM_Z=from_z, HAS_DB=with_db, PER_TAP=per_tap, **_numerics(x.dtype))
+    if splits > 1:
+        _sum_splits(out, flat)
+    return dw, db
 
 
 def conv2d_backward(gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, saved: torch.Tensor | None,
@@ -739,22 +849,36 @@ def conv2d_backward(gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, sav
 
     ``saved`` is Z (``from_z``) or Y, for act'; unused when act is "none". dx in x's layout,
     dw contiguous [K, C/groups, R, S], dbias [K] in gy's dtype.
+
+    dW forms gZ = gY * act' as it loads gY and adds up db in the same launch (the bias gradient's
+    row sums are a few extra programs of the dW grid), so a layer whose input needs no gradient
+    (a network's first conv) runs one dW kernel and one fixed-order sum of its split partials.
+    gZ is materialised (NHWC) only for dX, for depthwise dW, and for the 16-bit per-tap dW.
     """
     code = activations.act_code("conv2d_backward", act, act_alpha)
-    Nb, C, H, W = x.shape
     K, Cg, R, S = weight.shape
-    P, Q = geo.out_hw
-    need_gz = need_x or need_w
+    depthwise = _is_depthwise(weight, geo.groups)
+    fused_dw = need_w and not depthwise and not (Cg >= TAP_MIN_CHANNELS and x.element_size() <= 2)
+    need_gz = need_x or (need_w and not fused_dw)
     copy_gz = need_gz and (code != activations.NONE or gy.dtype != x.dtype)
+    db_apart = has_bias and not (need_w and not depthwise)
     dbias = None
     gz = gy
-    if copy_gz or has_bias:
+    if copy_gz or db_apart:
+        Nb, _, P, Q = gy.shape
         saved3 = _pixels_by_channels(saved) if saved is not None and code != activations.NONE else None
         gz3, dbias, _ = bias_act_backward(
             _pixels_by_channels(gy), saved3, act=code, from_z=from_z, act_alpha=act_alpha,
-            bias_kind="per_n" if has_bias else "none", gz_dtype=x.dtype if copy_gz else None, beta=None)
+            bias_kind="per_n" if db_apart else "none", gz_dtype=x.dtype if copy_gz else None, beta=None)
         if copy_gz:  # [N, P*Q, K] contiguous: gZ in NHWC
             gz = gz3.as_strided((Nb, K, P, Q), (P * Q * K, 1, Q * K, K))
     dx = _dx(gz, x, weight, geo) if need_x else None
-    dw = _dw(gz, x, weight, geo) if need_w else None
+    dw = None
+    if need_w:
+        if fused_dw:
+            dw, db = _dw(gy, saved, x, weight, geo, code=code, act_alpha=act_alpha, from_z=from_z, with_db=has_bias)
+        else:
+            dw, db = _dw(gz, None, x, weight, geo, with_db=has_bias and not depthwise)
+        if db is not None:
+            dbias = db if db.dtype == gy.dtype else db.to(gy.dtype)
     return dx, dw, dbias

@@ -1,9 +1,9 @@
 """2-D pooling: max (with int64 argmax indices), average and adaptive average; forward and backward.
 
-Every kernel gives one output element per lane: program i takes a BLOCK of flat output indices,
-decoded in the tensor's own layout order ((n, p, q, c) for NHWC, (n, c, p, q) for NCHW) so that
-neighbouring lanes touch neighbouring addresses, and loops over the window. Tensors are read and
-written through their strides.
+Every kernel gives one output element per lane: a program takes a [rows, BLOCK_I] tile of the
+tensor it writes, columns along its innermost dim (c for NHWC, w for NCHW) so that neighbouring
+lanes touch neighbouring addresses, rows over the other three dims (decoded once per row), and
+loops over the window. Tensors are read and written through their strides.
 
 Backward is a gather over the input, not a scatter of the output gradient: input pixel h is in
 window p through tap r exactly when p*stride = h + pad - r*dilation, so each input lane visits
@@ -24,33 +24,41 @@ from ge2.kernels.conv import empty_like_layout, is_channels_last, tuning_bench
 # program, so it takes 1024 lanes.
 CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((256, 4), (512, 4), (1024, 4), (1024, 8), (2048, 8))]
 INTERPRETER_CONFIG = triton.Config({"BLOCK": 1024}, num_warps=4)
-_KEY = ["total", "R", "S", "CHANNELS_LAST"]
+_KEY = ["total", "R", "S", "CHANNELS_LAST", "BLOCK_I"]
 
 
 @triton.jit
-def _flat_offsets(BLOCK: tl.constexpr, WIDE: tl.constexpr):
-    """This program's BLOCK flat indices: int32 unless some offset may pass 2**31 (WIDE). 64-bit
-    division is emulated on the GPU, and each lane decodes its index with three of them."""
-    pid = tl.program_id(0)
+def _tile(total, C, P, Q, CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
+          BLOCK_I: tl.constexpr):
+    """(n, c, p, q, mask) of this program's [BLOCK // BLOCK_I, BLOCK_I] tile of an [N, C, P, Q]
+    tensor (``total`` elements) stored NHWC or NCHW.
+
+    Columns run over the innermost dim (c for NHWC, q for NCHW), rows over the other three, and
+    the coordinates come back as [rows, 1] / [1, cols] tensors that broadcast: the integer
+    divisions that decode a row run once per row, not once per element (per element, the
+    decode and the window arithmetic made the pooling backward compute-bound). Offsets are int32
+    unless WIDE (64-bit division is emulated).
+    """
+    BLOCK_R: tl.constexpr = BLOCK // BLOCK_I
+    pid_r = tl.program_id(0)
     if WIDE:
-        pid = pid.to(tl.int64)
-    return pid * BLOCK + tl.arange(0, BLOCK)
-
-
-@triton.jit
-def _coords(offs, C, P, Q, CHANNELS_LAST: tl.constexpr):
-    """(n, c, p, q) of flat indices ``offs`` into an [N, C, P, Q] tensor stored NHWC or NCHW."""
+        pid_r = pid_r.to(tl.int64)
+    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    cols = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)[None, :]
     if CHANNELS_LAST:
-        c = offs % C
-        q = (offs // C) % Q
-        p = (offs // (C * Q)) % P
-        n = offs // (C * Q * P)
+        inner = C
+        c = cols
+        q = rows % Q
+        p = (rows // Q) % P
+        n = rows // (Q * P)
     else:
-        q = offs % Q
-        p = (offs // Q) % P
-        c = (offs // (P * Q)) % C
-        n = offs // (P * Q * C)
-    return n, c, p, q
+        inner = Q
+        q = cols
+        p = rows % P
+        c = (rows // P) % C
+        n = rows // (P * C)
+    mask = (rows < total // inner) & (cols < inner)
+    return n, c, p, q, mask
 
 
 @triton.jit
@@ -69,15 +77,13 @@ def max_pool2d_fwd_kernel(
     x_ptr, y_ptr, idx_ptr, total, C, H, W, P, Q, R, S,
     sxn, sxc, sxh, sxw, syn, syc, syp, syq,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-    CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_I: tl.constexpr,
 ):
     """Y[n, c, p, q] = max over the window, and its flat index h*W + w (int64)."""
-    offs = _flat_offsets(BLOCK, WIDE)
-    mask = offs < total
-    n, c, p, q = _coords(offs, C, P, Q, CHANNELS_LAST)
+    n, c, p, q, mask = _tile(total, C, P, Q, CHANNELS_LAST, WIDE, BLOCK, BLOCK_I)
     base = x_ptr + n * sxn + c * sxc
-    best = tl.full((BLOCK,), float("-inf"), tl.float32)
-    best_idx = tl.full((BLOCK,), -1, tl.int64)
+    best = tl.full(mask.shape, float("-inf"), tl.float32)
+    best_idx = tl.full(mask.shape, -1, tl.int64)
     for r in range(0, R):
         h = p * stride_h - pad_h + r * dil_h
         h_ok = mask & (h >= 0) & (h < H)
@@ -100,14 +106,12 @@ def max_pool2d_bwd_kernel(
     gy_ptr, idx_ptr, dx_ptr, total, C, H, W, P, Q, R, S,
     sgn, sgc, sgp, sgq, sin, sic, sip, siq, sxn, sxc, sxh, sxw,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-    CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_I: tl.constexpr,
 ):
     """dX[n, c, h, w] = sum of gY over the windows whose argmax is (h, w), gathered in tap order."""
-    offs = _flat_offsets(BLOCK, WIDE)
-    mask = offs < total
-    n, c, h, w = _coords(offs, C, H, W, CHANNELS_LAST)
+    n, c, h, w, mask = _tile(total, C, H, W, CHANNELS_LAST, WIDE, BLOCK, BLOCK_I)
     me = h * W + w
-    acc = tl.zeros((BLOCK,), tl.float32)
+    acc = tl.zeros(mask.shape, tl.float32)
     for r in range(0, R):
         p, p_ok = _window_of(h, pad_h, r, dil_h, stride_h, P)
         for s in range(0, S):
@@ -150,16 +154,14 @@ def avg_pool2d_fwd_kernel(
     sxn, sxc, sxh, sxw, syn, syc, syp, syq,
     stride_h, stride_w, pad_h, pad_w,
     DIVISOR: tl.constexpr, COUNT_INCLUDE_PAD: tl.constexpr, CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_I: tl.constexpr,
 ):
     """Y[n, c, p, q] = sum over the in-bounds window / divisor (0 for a window wholly in the padding)."""
-    offs = _flat_offsets(BLOCK, WIDE)
-    mask = offs < total
-    n, c, p, q = _coords(offs, C, P, Q, CHANNELS_LAST)
+    n, c, p, q, mask = _tile(total, C, P, Q, CHANNELS_LAST, WIDE, BLOCK, BLOCK_I)
     divisor, hs, he, ws, we = _avg_divisor(p, q, stride_h, stride_w, pad_h, pad_w, R, S, H, W,
                                            DIVISOR, COUNT_INCLUDE_PAD)
     base = x_ptr + n * sxn + c * sxc
-    acc = tl.zeros((BLOCK,), tl.float32)
+    acc = tl.zeros(mask.shape, tl.float32)
     for r in range(0, R):
         h = p * stride_h - pad_h + r
         h_ok = mask & (h >= hs) & (h < he)
@@ -177,13 +179,11 @@ def avg_pool2d_bwd_kernel(
     sgn, sgc, sgp, sgq, sxn, sxc, sxh, sxw,
     stride_h, stride_w, pad_h, pad_w,
     DIVISOR: tl.constexpr, COUNT_INCLUDE_PAD: tl.constexpr, CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_I: tl.constexpr,
 ):
     """dX[n, c, h, w] = sum over the windows holding (h, w) of gY / divisor, gathered in tap order."""
-    offs = _flat_offsets(BLOCK, WIDE)
-    mask = offs < total
-    n, c, h, w = _coords(offs, C, H, W, CHANNELS_LAST)
-    acc = tl.zeros((BLOCK,), tl.float32)
+    n, c, h, w, mask = _tile(total, C, H, W, CHANNELS_LAST, WIDE, BLOCK, BLOCK_I)
+    acc = tl.zeros(mask.shape, tl.float32)
     for r in range(0, R):
         p, p_ok = _window_of(h, pad_h, r, 1, stride_h, P)
         for s in range(0, S):
@@ -207,16 +207,14 @@ def _adaptive_window(p, P, H):
 def adaptive_avg_pool2d_fwd_kernel(
     x_ptr, y_ptr, total, C, H, W, P, Q, R, S,
     sxn, sxc, sxh, sxw, syn, syc, syp, syq,
-    CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_I: tl.constexpr,
 ):
     """Y[n, c, p, q] = mean of X over adaptive window (p, q); R x S is the largest window."""
-    offs = _flat_offsets(BLOCK, WIDE)
-    mask = offs < total
-    n, c, p, q = _coords(offs, C, P, Q, CHANNELS_LAST)
+    n, c, p, q, mask = _tile(total, C, P, Q, CHANNELS_LAST, WIDE, BLOCK, BLOCK_I)
     hs, he = _adaptive_window(p, P, H)
     ws, we = _adaptive_window(q, Q, W)
     base = x_ptr + n * sxn + c * sxc
-    acc = tl.zeros((BLOCK,), tl.float32)
+    acc = tl.zeros(mask.shape, tl.float32)
     for r in range(0, R):
         h = hs + r
         h_ok = mask & (h < he)
@@ -232,18 +230,16 @@ def adaptive_avg_pool2d_fwd_kernel(
 def adaptive_avg_pool2d_bwd_kernel(
     gy_ptr, dx_ptr, total, C, H, W, P, Q, R, S,
     sgn, sgc, sgp, sgq, sxn, sxc, sxh, sxw,
-    CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_I: tl.constexpr,
 ):
     """dX[n, c, h, w] = sum over the adaptive windows holding (h, w) of gY / window size.
 
     Row h lies in windows floor(h*P/H) .. floor(h*P/H) + R - 1 at most (R: the most windows on one row).
     """
-    offs = _flat_offsets(BLOCK, WIDE)
-    mask = offs < total
-    n, c, h, w = _coords(offs, C, H, W, CHANNELS_LAST)
+    n, c, h, w, mask = _tile(total, C, H, W, CHANNELS_LAST, WIDE, BLOCK, BLOCK_I)
     p0 = (h * P) // H
     q0 = (w * Q) // W
-    acc = tl.zeros((BLOCK,), tl.float32)
+    acc = tl.zeros(mask.shape, tl.float32)
     for i in range(0, R):
         p = p0 + i
         hs, he = _adaptive_window(p, P, H)
@@ -285,8 +281,15 @@ def _wide(*tensors: torch.Tensor) -> bool:
                for t in tensors)
 
 
-def _grid(total: int):
-    return lambda meta: (triton.cdiv(total, meta["BLOCK"]),)
+def _launch(kernel, t: torch.Tensor, *args, **kwargs) -> None:
+    """kernel over the tiles of t [N, C, P, Q] (the tensor whose elements the lanes own): columns
+    along its innermost dim, as many as that dim needs up to 128 (kernel's _tile)."""
+    channels_last = is_channels_last(t)
+    inner = t.shape[1] if channels_last else t.shape[3]
+    block_i = min(128, triton.next_power_of_2(inner))
+    rows = t.numel() // inner
+    grid = lambda meta: (triton.cdiv(rows, meta["BLOCK"] // block_i), triton.cdiv(inner, block_i))
+    kernel[grid](*args, CHANNELS_LAST=channels_last, BLOCK_I=block_i, **kwargs)
 
 
 def max_pool2d(x: torch.Tensor, kernel, stride, padding, dilation, out_hw) -> tuple[torch.Tensor, torch.Tensor]:
@@ -295,9 +298,8 @@ def max_pool2d(x: torch.Tensor, kernel, stride, padding, dilation, out_hw) -> tu
     y = empty_like_layout((Nb, C, *out_hw), x)
     idx = empty_like_layout((Nb, C, *out_hw), x, torch.int64)
     if y.numel():
-        max_pool2d_fwd_kernel[_grid(y.numel())](
-            x, y, idx, y.numel(), C, H, W, *out_hw, *kernel, *x.stride(), *y.stride(),
-            *stride, *padding, *dilation, CHANNELS_LAST=is_channels_last(y), WIDE=_wide(x, y, idx))
+        _launch(max_pool2d_fwd_kernel, y, x, y, idx, y.numel(), C, H, W, *out_hw, *kernel, *x.stride(), *y.stride(),
+                *stride, *padding, *dilation, WIDE=_wide(x, y, idx))
     return y, idx
 
 
@@ -307,10 +309,8 @@ def max_pool2d_backward(gy: torch.Tensor, idx: torch.Tensor, x_shape, kernel, st
     Nb, C, H, W = x_shape
     dx = _empty(x_shape, channels_last, gy.dtype, gy.device)
     if dx.numel():
-        max_pool2d_bwd_kernel[_grid(dx.numel())](
-            gy, idx, dx, dx.numel(), C, H, W, gy.shape[2], gy.shape[3], *kernel, *gy.stride(), *idx.stride(),
-            *dx.stride(), *stride, *padding, *dilation, CHANNELS_LAST=is_channels_last(dx),
-            WIDE=_wide(gy, idx, dx))
+        _launch(max_pool2d_bwd_kernel, dx, gy, idx, dx, dx.numel(), C, H, W, gy.shape[2], gy.shape[3], *kernel,
+                *gy.stride(), *idx.stride(), *dx.stride(), *stride, *padding, *dilation, WIDE=_wide(gy, idx, dx))
     return dx
 
 
@@ -320,10 +320,9 @@ def avg_pool2d(x: torch.Tensor, kernel, stride, padding, out_hw, count_include_p
     Nb, C, H, W = x.shape
     y = empty_like_layout((Nb, C, *out_hw), x)
     if y.numel():
-        avg_pool2d_fwd_kernel[_grid(y.numel())](
-            x, y, y.numel(), C, H, W, *out_hw, *kernel, *x.stride(), *y.stride(), *stride, *padding,
-            DIVISOR=int(divisor_override or 0), COUNT_INCLUDE_PAD=bool(count_include_pad),
-            CHANNELS_LAST=is_channels_last(y), WIDE=_wide(x, y))
+        _launch(avg_pool2d_fwd_kernel, y, x, y, y.numel(), C, H, W, *out_hw, *kernel, *x.stride(), *y.stride(),
+                *stride, *padding, DIVISOR=int(divisor_override or 0), COUNT_INCLUDE_PAD=bool(count_include_pad),
+                WIDE=_wide(x, y))
     return y
 
 
@@ -333,10 +332,9 @@ def avg_pool2d_backward(gy: torch.Tensor, x_shape, kernel, stride, padding, coun
     Nb, C, H, W = x_shape
     dx = _empty(x_shape, channels_last, gy.dtype, gy.device)
     if dx.numel():
-        avg_pool2d_bwd_kernel[_grid(dx.numel())](
-            gy, dx, dx.numel(), C, H, W, gy.shape[2], gy.shape[3], *kernel, *gy.stride(), *dx.stride(),
-            *stride, *padding, DIVISOR=int(divisor_override or 0), COUNT_INCLUDE_PAD=bool(count_include_pad),
-            CHANNELS_LAST=is_channels_last(dx), WIDE=_wide(gy, dx))
+        _launch(avg_pool2d_bwd_kernel, dx, gy, dx, dx.numel(), C, H, W, gy.shape[2], gy.shape[3], *kernel,
+                *gy.stride(), *dx.stride(), *stride, *padding, DIVISOR=int(divisor_override or 0),
+                COUNT_INCLUDE_PAD=bool(count_include_pad), WIDE=_wide(gy, dx))
     return dx
 
 
@@ -347,9 +345,8 @@ def adaptive_avg_pool2d(x: torch.Tensor, out_hw) -> torch.Tensor:
     y = empty_like_layout((Nb, C, P, Q), x)
     if y.numel():
         window = (_adaptive_bounds(H, P)[0], _adaptive_bounds(W, Q)[0])
-        adaptive_avg_pool2d_fwd_kernel[_grid(y.numel())](
-            x, y, y.numel(), C, H, W, P, Q, *window, *x.stride(), *y.stride(),
-            CHANNELS_LAST=is_channels_last(y), WIDE=_wide(x, y))
+        _launch(adaptive_avg_pool2d_fwd_kernel, y, x, y, y.numel(), C, H, W, P, Q, *window, *x.stride(),
+                *y.stride(), WIDE=_wide(x, y))
     return y
 
 
@@ -360,7 +357,6 @@ def adaptive_avg_pool2d_backward(gy: torch.Tensor, x_shape, channels_last: bool)
     dx = _empty(x_shape, channels_last, gy.dtype, gy.device)
     if dx.numel():
         cover = (_adaptive_bounds(H, P)[1], _adaptive_bounds(W, Q)[1])
-        adaptive_avg_pool2d_bwd_kernel[_grid(dx.numel())](
-            gy, dx, dx.numel(), C, H, W, P, Q, *cover, *gy.stride(), *dx.stride(),
-            CHANNELS_LAST=is_channels_last(dx), WIDE=_wide(gy, dx))
+        _launch(adaptive_avg_pool2d_bwd_kernel, dx, gy, dx, dx.numel(), C, H, W, P, Q, *cover, *gy.stride(),
+                *dx.stride(), WIDE=_wide(gy, dx))
     return dx
