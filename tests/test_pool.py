@@ -40,9 +40,12 @@ def _check_pool(g_fn, t_fn, x, seed=0):
     assert_matches(xg.grad.data, x64.grad, xt.grad, name="grad x")
 
 
-# (kernel, stride, padding, dilation, ceil_mode): overlapping windows, padding, dilation, ceil rounding.
+# (kernel, stride, padding, dilation, ceil_mode): overlapping windows, padding, dilation, ceil rounding,
+# and windows that tile the input (stride == kernel, no padding: one window per pixel in the backward).
 MAX_CASES = [
     (2, None, 0, 1, False),
+    ((2, 3), (2, 3), 0, 1, True),                        # windows tile the input (backward's one-window case), ceil
+
     (3, 2, 1, 1, True),
     (3, 1, 1, 2, False),
     ((3, 2), (2, 1), (1, 0), 1, True),
@@ -86,6 +89,8 @@ def test_max_pool2d_propagates_nan_and_handles_all_minus_inf():
 # (kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
 AVG_CASES = [
     (2, None, 0, False, True, None),
+    ((3, 2), None, 0, True, True, None),                  # windows tile the input, partial last window (ceil)
+
     (3, 2, 1, True, False, None),
     (3, 2, 1, True, True, None),
     ((3, 2), (2, 1), (1, 0), True, False, 3),

@@ -351,18 +351,16 @@ def conv2d_dx_kernel(
 
 
 @triton.jit
-def _dw_gz_tile(gy_ptr, saved_ptr, offs_k, k_ok, j, j_ok, P, Q, sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, act_alpha,
+def _dw_gz_tile(gy_ptr, saved_ptr, offs_k, k_ok, n, p, q, q_ok, sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, act_alpha,
                 ACT: tl.constexpr, FROM_Z: tl.constexpr):
-    """gZ[k, j] = gY * act'(saved) for output channels offs_k (absolute) and flat output pixels j
-    = (n, p, q); fp32 when an activation is applied, else gY's dtype."""
-    q = j % Q
-    p = (j // Q) % P
-    n = (j // (P * Q)).to(tl.int64)
-    mask = k_ok[:, None] & j_ok[None, :]
+    """gZ[k, q] = gY * act'(saved) of output row (n, p) (scalars), output channels offs_k (absolute)
+    and columns q; fp32 when an activation is applied, else gY's dtype."""
+    mask = k_ok[:, None] & q_ok[None, :]
     k64 = offs_k.to(tl.int64)[:, None]
-    g = tl.load(gy_ptr + k64 * sgk + (n * sgn + p * sgp + q * sgq)[None, :], mask=mask, other=0.0)
+    n64 = n.to(tl.int64)
+    g = tl.load(gy_ptr + (n64 * sgn + p * sgp) + k64 * sgk + (q * sgq)[None, :], mask=mask, other=0.0)
     if ACT != 0:
-        sv = tl.load(saved_ptr + k64 * ssk + (n * ssn + p * ssp + q * ssq)[None, :], mask=mask,
+        sv = tl.load(saved_ptr + (n64 * ssn + p * ssp) + k64 * ssk + (q * ssq)[None, :], mask=mask,
                      other=0.0).to(tl.float32)
         if FROM_Z:
             g = g.to(tl.float32) * act_grad_from_z(sv, ACT, act_alpha)
@@ -371,7 +369,7 @@ def _dw_gz_tile(gy_ptr, saved_ptr, offs_k, k_ok, j, j_ok, P, Q, sgn, sgk, sgp, s
     return g
 
 
-@runtime.autotune(CONFIGS_DW_16 + CONFIGS_DW_32, key=_CONV_KEY + ["SPLIT_LEN", "PER_TAP", "ACT", "HAS_DB"],
+@runtime.autotune(CONFIGS_DW_16 + CONFIGS_DW_32, key=_CONV_KEY + ["SPLIT_LEN", "PER_TAP", "ACT", "HAS_DB", "QB"],
                   default=INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_dw},
                   do_bench=tuning_bench)
 @triton.jit(do_not_specialize=_SIZES + ["SPLIT_LEN", "ROW"])
@@ -380,12 +378,18 @@ def conv2d_dw_kernel(
     N, C, H, W, K, P, Q, R, S, Cg, Kg, SPLIT_LEN, ROW,
     sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, sxn, sxc, sxh, sxw,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, act_alpha,
-    ACT: tl.constexpr, FROM_Z: tl.constexpr, HAS_DB: tl.constexpr,
+    ACT: tl.constexpr, FROM_Z: tl.constexpr, HAS_DB: tl.constexpr, QB: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, PER_TAP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    """A [BLOCK_M out channels, BLOCK_N] tile of dW over pixels [split*SPLIT_LEN, (split+1)*SPLIT_LEN)
-    of N*P*Q, split = program_id(2), with gZ = gY * act'(saved) formed as it is loaded.
+    """A [BLOCK_M out channels, BLOCK_N] tile of dW over reduction steps [split*SPLIT_LEN,
+    (split+1)*SPLIT_LEN), split = program_id(2), with gZ = gY * act'(saved) formed as it is loaded.
+
+    The reduction over the N*P*Q output pixels walks row segments: step t is output row
+    (n, p) = divmod(t // ceil(Q/QB), P) and columns q in a QB-wide block of it, so per step only
+    scalars are decoded and the pixel offsets are a vector add (decoding every element's
+    (n, p, q) by integer division in the loop made the step several times slower than its
+    loads). The config's BLOCK_K is unused: the reduction step is QB pixels.
 
     PER_TAP: program_id(1) = g*R*S + tap and the N columns are the group's Cg input channels;
     else program_id(1) = g and the columns are (c, r, s) flattened. With HAS_DB, program_id(1) =
@@ -395,7 +399,8 @@ def conv2d_dw_kernel(
     """
     split = tl.program_id(2)
     CRS = Cg * R * S
-    L = N * P * Q
+    QBLKS = tl.cdiv(Q, QB)
+    T = N * P * QBLKS
     if PER_TAP:
         taps = R * S
         NCOLS = Cg
@@ -410,60 +415,75 @@ def conv2d_dw_kernel(
     pid_m, pid_n = _tile_coords(tl.program_id(0), Kg, NCOLS, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_j = tl.arange(0, BLOCK_K)
+    offs_q = tl.arange(0, QB)
     mask_m = offs_m < Kg
     mask_n = offs_n < NCOLS
     k_abs = g * Kg + offs_m
     lo = split * SPLIT_LEN
-    hi_j = tl.minimum(lo + SPLIT_LEN, L)
+    hi = tl.minimum(lo + SPLIT_LEN, T)
     out_row = out_ptr + split.to(tl.int64) * ROW
-    if is_db:
-        # One program per k tile (the pid_n == 0 column) sums gZ over the split's pixels.
-        hi_j = tl.where(pid_n == 0, hi_j, lo)
-        db = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for j0 in range(lo, hi_j, BLOCK_K):
-            j = j0 + offs_j
-            a = _dw_gz_tile(gy_ptr, saved_ptr, k_abs, mask_m, j, j < hi_j, P, Q, sgn, sgk, sgp, sgq,
-                            ssn, ssk, ssp, ssq, act_alpha, ACT, FROM_Z)
-            db += tl.sum(a.to(tl.float32), axis=1)
-        tl.store(out_row + K * CRS + k_abs, db.to(out_ptr.dtype.element_ty), mask=mask_m & (pid_n == 0))
-    else:
-        if PER_TAP:
-            c = offs_n
-            r = rs // S + offs_n * 0
-            s = rs % S + offs_n * 0
+    if HAS_DB:
+        if is_db:
+            # One program per k tile (the pid_n == 0 column) sums gZ over the split's pixels.
+            hi_db = tl.where(pid_n == 0, hi, lo)
+            db = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            for t in range(lo, hi_db):
+                row = t // QBLKS
+                q = (t % QBLKS) * QB + offs_q
+                a = _dw_gz_tile(gy_ptr, saved_ptr, k_abs, mask_m, row // P, row % P, q, q < Q,
+                                sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, act_alpha, ACT, FROM_Z)
+                db += tl.sum(a.to(tl.float32), axis=1)
+            tl.store(out_row + K * CRS + k_abs, db.to(out_ptr.dtype.element_ty), mask=mask_m & (pid_n == 0))
         else:
-            c = offs_n // (R * S)
-            r = (offs_n // S) % R
-            s = offs_n % S
-        x_cols = x_ptr + (g * Cg + c).to(tl.int64) * sxc  # [BLOCK_N]
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for j0 in range(lo, hi_j, BLOCK_K):
-            j = j0 + offs_j
-            j_ok = j < hi_j
-            a = _dw_gz_tile(gy_ptr, saved_ptr, k_abs, mask_m, j, j_ok, P, Q, sgn, sgk, sgp, sgq,
-                            ssn, ssk, ssp, ssq, act_alpha, ACT, FROM_Z).to(x_ptr.dtype.element_ty)
-            q = j % Q
-            p = (j // Q) % P
-            n = (j // (P * Q)).to(tl.int64)
-            if PER_TAP:  # one tap: the input pixel depends on j only
-                hx = p * stride_h - pad_h + (rs // S) * dil_h
-                wx = q * stride_w - pad_w + (rs % S) * dil_w
-                x_ok = j_ok & (hx >= 0) & (hx < H) & (wx >= 0) & (wx < W)
-                b = tl.load(x_cols[None, :] + (n * sxn + hx * sxh + wx * sxw)[:, None],
-                            mask=x_ok[:, None] & mask_n[None, :], other=0.0)
-            else:
-                hx = (p * stride_h - pad_h)[:, None] + (r * dil_h)[None, :]
-                wx = (q * stride_w - pad_w)[:, None] + (s * dil_w)[None, :]
-                x_ok = j_ok[:, None] & mask_n[None, :] & (hx >= 0) & (hx < H) & (wx >= 0) & (wx < W)
-                b = tl.load(x_cols[None, :] + (n * sxn)[:, None] + hx * sxh + wx * sxw, mask=x_ok, other=0.0)
-            if UPCAST:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=tl.float32)
-        col = c * (R * S) + r * S + s  # (c, r, s) within [Cg, R, S]
-        tl.store(out_row + (k_abs * CRS)[:, None].to(tl.int64) + col[None, :], acc.to(out_ptr.dtype.element_ty),
-                 mask=mask_m[:, None] & mask_n[None, :])
+            _dw_tile(gy_ptr, saved_ptr, x_ptr, out_row, H, W, P, Q, R, S, Cg, CRS, QBLKS, g, rs, k_abs, mask_m,
+                     offs_n, mask_n, offs_q, lo, hi, sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, sxn, sxc, sxh, sxw,
+                     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, act_alpha,
+                     ACT, FROM_Z, PRECISION, UPCAST, PER_TAP, QB, BLOCK_M, BLOCK_N)
+    else:
+        _dw_tile(gy_ptr, saved_ptr, x_ptr, out_row, H, W, P, Q, R, S, Cg, CRS, QBLKS, g, rs, k_abs, mask_m,
+                 offs_n, mask_n, offs_q, lo, hi, sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, sxn, sxc, sxh, sxw,
+                 stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, act_alpha,
+                 ACT, FROM_Z, PRECISION, UPCAST, PER_TAP, QB, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _dw_tile(gy_ptr, saved_ptr, x_ptr, out_row, H, W, P, Q, R, S, Cg, CRS, QBLKS, g, rs, k_abs, mask_m, offs_n,
+             mask_n, offs_q, lo, hi, sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, sxn, sxc, sxh, sxw,
+             stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, act_alpha,
+             ACT: tl.constexpr, FROM_Z: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+             PER_TAP: tl.constexpr, QB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """conv2d_dw_kernel's GEMM: one [BLOCK_M, BLOCK_N] tile of dW over steps [lo, hi), stored in out_row."""
+    if PER_TAP:
+        c = offs_n
+        r = rs // S + offs_n * 0
+        s = rs % S + offs_n * 0
+    else:
+        c = offs_n // (R * S)
+        r = (offs_n // S) % R
+        s = offs_n % S
+    x_cols = x_ptr + (g * Cg + c).to(tl.int64) * sxc  # [BLOCK_N]
+    col_h = r * dil_h - pad_h  # input row of column (c, r, s) is p*sh + col_h
+    col_w = s * dil_w - pad_w
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for t in range(lo, hi):
+        row = t // QBLKS
+        n = row // P
+        p = row % P
+        q = (t % QBLKS) * QB + offs_q
+        q_ok = q < Q
+        a = _dw_gz_tile(gy_ptr, saved_ptr, k_abs, mask_m, n, p, q, q_ok, sgn, sgk, sgp, sgq,
+                        ssn, ssk, ssp, ssq, act_alpha, ACT, FROM_Z).to(x_ptr.dtype.element_ty)
+        hx = p * stride_h + col_h  # [BLOCK_N]
+        wx = (q * stride_w)[:, None] + col_w[None, :]  # [QB, BLOCK_N]
+        x_ok = q_ok[:, None] & (mask_n & (hx >= 0) & (hx < H))[None, :] & (wx >= 0) & (wx < W)
+        b = tl.load(x_cols[None, :] + n.to(tl.int64) * sxn + (hx * sxh)[None, :] + wx * sxw, mask=x_ok, other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=tl.float32)
+    col = c * (R * S) + r * S + s  # (c, r, s) within [Cg, R, S]
+    tl.store(out_row + (k_abs * CRS)[:, None].to(tl.int64) + col[None, :], acc.to(out_row.dtype.element_ty),
+             mask=mask_m[:, None] & mask_n[None, :])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -706,26 +726,28 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geo
     return y, z
 
 
-# dW's N*P*Q reduction is split across programs when the tile grid alone would not fill the GPU;
-# the fp32 partials of the splits are then added in a fixed order (deterministic, no atomics).
-# Each split gets at least DW_MIN_SPLIT pixels (a few pipelined BLOCK_K steps) in multiples of
-# DW_SPLIT_GRAIN (a multiple of every BLOCK_K); splits aim at DW_TARGET_PROGRAMS programs (~2
-# waves of an H100's 132 SMs); at most DW_MAX_SPLITS of them, so that one [splits, 32] load per
-# program adds them up; and their partials stay under DW_PARTIAL_FLOATS (or 1/8 of gZ).
-DW_MIN_SPLIT = 256
-DW_SPLIT_GRAIN = 64
-DW_TARGET_PROGRAMS = 264
+# dW's reduction (N*P*Q pixels, walked in steps of one row segment) is split across programs when
+# the tile grid alone would not fill the GPU; the fp32 partials of the splits are then added in a
+# fixed order (deterministic, no atomics). Each split gets at least DW_MIN_SPLIT steps; splits aim
+# at DW_TARGET_PROGRAMS programs (~4 small programs per H100 SM: a program's steps are
+# latency-bound, so short loops over many programs beat long ones); at most DW_MAX_SPLITS of them,
+# so that one [splits, 32] load per program adds them up; and their partials stay under
+# DW_PARTIAL_FLOATS (or 1/4 of gY's elements).
+DW_MIN_SPLIT = 4
+DW_TARGET_PROGRAMS = 528
 DW_MAX_SPLITS = 128
-DW_PARTIAL_FLOATS = 1 << 19
+DW_PARTIAL_FLOATS = 1 << 20
+# The depthwise dW (a direct reduction, 8+ rows per split) aims at ~2 waves.
+DEPTHWISE_DW_TARGET_PROGRAMS = 264
 
 
-def _dw_splits(L: int, tiles: int, row: int = 1, gz_numel: int = 0) -> tuple[int, int]:
-    """(number of splits, elements per split) of dW's reduction over L = N*P*Q pixels, for a grid
-    of ``tiles`` programs per split whose partials are ``row`` floats per split."""
-    cap = max(DW_PARTIAL_FLOATS, gz_numel // 8) // max(row, 1)
-    splits = max(1, min(triton.cdiv(DW_TARGET_PROGRAMS, tiles), L // DW_MIN_SPLIT, cap, DW_MAX_SPLITS))
-    split_len = triton.cdiv(triton.cdiv(L, splits), DW_SPLIT_GRAIN) * DW_SPLIT_GRAIN
-    return triton.cdiv(L, split_len), split_len
+def _dw_splits(steps: int, tiles: int, row: int = 1, gz_numel: int = 0) -> tuple[int, int]:
+    """(number of splits, steps per split) of dW's reduction of ``steps`` steps, for a grid of
+    ``tiles`` programs per split whose partials are ``row`` floats per split."""
+    cap = max(DW_PARTIAL_FLOATS, gz_numel // 4) // max(row, 1)
+    splits = max(1, min(triton.cdiv(DW_TARGET_PROGRAMS, tiles), steps // DW_MIN_SPLIT, cap, DW_MAX_SPLITS))
+    split_len = triton.cdiv(steps, splits)
+    return triton.cdiv(steps, split_len), split_len
 
 
 def _sum_splits(partials: torch.Tensor, out: torch.Tensor) -> None:
@@ -806,7 +828,7 @@ def _dw(gy: torch.Tensor, saved: torch.Tensor | None, x: torch.Tensor, weight: t
         assert code == activations.NONE and not with_db, "depthwise dW takes a formed gZ, db apart"
         rows = Nb * P
         tiles = triton.cdiv(C, 64) * R * S
-        splits = max(1, min(triton.cdiv(DW_TARGET_PROGRAMS, tiles), rows // 8))
+        splits = max(1, min(triton.cdiv(DEPTHWISE_DW_TARGET_PROGRAMS, tiles), rows // 8))
         split_rows = triton.cdiv(rows, splits)
         splits = triton.cdiv(rows, split_rows)
         out = dw if splits == 1 and dw.dtype == torch.float32 else torch.empty(
@@ -827,8 +849,10 @@ def _dw(gy: torch.Tensor, saved: torch.Tensor | None, x: torch.Tensor, weight: t
         saved = _nhwc(saved) if saved is not None else None
     taps = R * S if per_tap else 1
     ncols = Cg if per_tap else CRS
-    tiles = triton.cdiv(Kg, 64) * triton.cdiv(ncols, 64) * geo.groups * taps
-    splits, split_len = _dw_splits(L, tiles, row, gy.numel())
+    tiles = triton.cdiv(Kg, 64) * triton.cdiv(ncols, 32) * geo.groups * taps
+    qb = min(max(_next_pow2(Q), 16), 64)  # the reduction step: a QB-wide segment of one output row
+    steps = Nb * P * triton.cdiv(Q, qb)
+    splits, split_len = _dw_splits(steps, tiles, row, gy.numel())
     out = flat if splits == 1 else torch.empty((splits, row), dtype=torch.float32, device=flat.device)
     slots = geo.groups * taps + (geo.groups if with_db else 0)
     grid = lambda meta: (triton.cdiv(Kg, meta["BLOCK_M"]) * triton.cdiv(ncols, meta["BLOCK_N"]), slots, splits)
@@ -836,7 +860,7 @@ def _dw(gy: torch.Tensor, saved: torch.Tensor | None, x: torch.Tensor, weight: t
     conv2d_dw_kernel[grid](
         gy, sv, x, out, Nb, C, H, W, K, P, Q, R, S, Cg, Kg, split_len, row,
         *gy.stride(), *sv.stride(), *x.stride(), *geo.stride, *geo.pad, *geo.dilation, float(act_alpha),
-        ACT=code, FROM_Z=from_z, HAS_DB=with_db, PER_TAP=per_tap, **_numerics(x.dtype))
+        ACT=code, FROM_Z=from_z, HAS_DB=with_db, QB=qb, PER_TAP=per_tap, **_numerics(x.dtype))
     if splits > 1:
         _sum_splits(out, flat)
     return dw, db

@@ -7,7 +7,8 @@ loops over the window. Tensors are read and written through their strides.
 
 Backward is a gather over the input, not a scatter of the output gradient: input pixel h is in
 window p through tap r exactly when p*stride = h + pad - r*dilation, so each input lane visits
-its (at most R*S) windows in a fixed order and sums their gradients. Overlapping windows are
+its candidate windows (ceil(((R-1)*dilation + 1) / stride) per dim: one when the windows tile the
+input, two for 3x3/2) in a fixed order and sums their gradients. Overlapping windows are
 therefore correct and deterministic without atomics. max_pool2d's backward adds gY[p, q] where
 the saved argmax of window (p, q) equals the lane's own flat index h*W + w (torch's convention).
 """
@@ -62,13 +63,18 @@ def _tile(total, C, P, Q, CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK
 
 
 @triton.jit
-def _window_of(h, pad, tap, dil, stride, P):
-    """(p, ok): the window p whose tap ``tap`` reads row h (p*stride == h + pad - tap*dil, 0 <= p < P)."""
-    num = h + pad - tap * dil
-    ok = num >= 0
-    num = tl.where(ok, num, 0)  # keeps // away from negatives
-    p = num // stride
-    return p, ok & (p * stride == num) & (p < P)
+def _first_window(h, pad, R, dil, stride):
+    """The first window p whose taps can reach row h: ceil((h + pad - (R-1)*dil) / stride), at least 0.
+    Windows p0 .. p0 + ceil(((R-1)*dil + 1) / stride) - 1 are the only candidates."""
+    num = tl.maximum(h + pad - (R - 1) * dil, 0)
+    return (num + stride - 1) // stride
+
+
+@triton.jit
+def _window_hits(h, p, pad, dil, stride, P):
+    """Whether window p reads row h through one of its taps: 0 <= p < P and h + pad - p*stride = r*dil."""
+    off = h + pad - p * stride
+    return (p < P) & (off >= 0) & (off % dil == 0)
 
 
 @runtime.autotune(CONFIGS, key=_KEY, default=INTERPRETER_CONFIG, do_bench=tuning_bench)
@@ -106,19 +112,27 @@ def max_pool2d_bwd_kernel(
     gy_ptr, idx_ptr, dx_ptr, total, C, H, W, P, Q, R, S,
     sgn, sgc, sgp, sgq, sin, sic, sip, siq, sxn, sxc, sxh, sxw,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-    CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_I: tl.constexpr,
+    WR: tl.constexpr, WS: tl.constexpr, CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
+    BLOCK_I: tl.constexpr,
 ):
     """dX[n, c, h, w] = sum of gY over the windows whose argmax is (h, w), gathered in tap order."""
     n, c, h, w, mask = _tile(total, C, H, W, CHANNELS_LAST, WIDE, BLOCK, BLOCK_I)
     me = h * W + w
+    gy_base = gy_ptr + n * sgn + c * sgc
+    idx_base = idx_ptr + n * sin + c * sic
+    # Only the windows that can hold (h, w) are visited: ceil(((R-1)*dil + 1) / stride) per dim
+    # (WR x WS: 1 x 1 when the windows tile the input, 2 x 2 for 3x3/2), not all R x S taps.
+    p0 = _first_window(h, pad_h, R, dil_h, stride_h)
+    q0 = _first_window(w, pad_w, S, dil_w, stride_w)
     acc = tl.zeros(mask.shape, tl.float32)
-    for r in range(0, R):
-        p, p_ok = _window_of(h, pad_h, r, dil_h, stride_h, P)
-        for s in range(0, S):
-            q, q_ok = _window_of(w, pad_w, s, dil_w, stride_w, Q)
-            ok = mask & p_ok & q_ok
-            idx = tl.load(idx_ptr + n * sin + c * sic + p * sip + q * siq, mask=ok, other=-1)
-            g = tl.load(gy_ptr + n * sgn + c * sgc + p * sgp + q * sgq, mask=ok & (idx == me), other=0.0)
+    for i in tl.static_range(WR):
+        p = p0 + i
+        p_ok = mask & _window_hits(h, p, pad_h, dil_h, stride_h, P)
+        for j in tl.static_range(WS):
+            q = q0 + j
+            ok = p_ok & _window_hits(w, q, pad_w, dil_w, stride_w, Q)
+            idx = tl.load(idx_base + p * sip + q * siq, mask=ok, other=-1)
+            g = tl.load(gy_base + p * sgp + q * sgq, mask=ok & (idx == me), other=0.0)
             acc += g.to(tl.float32)
     tl.store(dx_ptr + n * sxn + c * sxc + h * sxh + w * sxw, acc.to(dx_ptr.dtype.element_ty), mask=mask)
 
@@ -178,20 +192,24 @@ def avg_pool2d_bwd_kernel(
     gy_ptr, dx_ptr, total, C, H, W, P, Q, R, S,
     sgn, sgc, sgp, sgq, sxn, sxc, sxh, sxw,
     stride_h, stride_w, pad_h, pad_w,
-    DIVISOR: tl.constexpr, COUNT_INCLUDE_PAD: tl.constexpr, CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr,
-    BLOCK: tl.constexpr, BLOCK_I: tl.constexpr,
+    DIVISOR: tl.constexpr, COUNT_INCLUDE_PAD: tl.constexpr, WR: tl.constexpr, WS: tl.constexpr, CHANNELS_LAST: tl.constexpr,
+    WIDE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_I: tl.constexpr,
 ):
     """dX[n, c, h, w] = sum over the windows holding (h, w) of gY / divisor, gathered in tap order."""
     n, c, h, w, mask = _tile(total, C, H, W, CHANNELS_LAST, WIDE, BLOCK, BLOCK_I)
+    gy_base = gy_ptr + n * sgn + c * sgc
+    p0 = _first_window(h, pad_h, R, 1, stride_h)  # candidate windows only, as in max_pool2d_bwd_kernel
+    q0 = _first_window(w, pad_w, S, 1, stride_w)
     acc = tl.zeros(mask.shape, tl.float32)
-    for r in range(0, R):
-        p, p_ok = _window_of(h, pad_h, r, 1, stride_h, P)
-        for s in range(0, S):
-            q, q_ok = _window_of(w, pad_w, s, 1, stride_w, Q)
-            ok = mask & p_ok & q_ok
+    for i in tl.static_range(WR):
+        p = p0 + i
+        p_ok = mask & _window_hits(h, p, pad_h, 1, stride_h, P)
+        for j in tl.static_range(WS):
+            q = q0 + j
+            ok = p_ok & _window_hits(w, q, pad_w, 1, stride_w, Q)
             divisor, _hs, _he, _ws, _we = _avg_divisor(p, q, stride_h, stride_w, pad_h, pad_w, R, S, H, W,
                                                        DIVISOR, COUNT_INCLUDE_PAD)
-            g = tl.load(gy_ptr + n * sgn + c * sgc + p * sgp + q * sgq, mask=ok, other=0.0).to(tl.float32)
+            g = tl.load(gy_base + p * sgp + q * sgq, mask=ok, other=0.0).to(tl.float32)
             acc += g / divisor
     tl.store(dx_ptr + n * sxn + c * sxc + h * sxh + w * sxw, acc.to(dx_ptr.dtype.element_ty), mask=mask)
 
@@ -281,6 +299,11 @@ def _wide(*tensors: torch.Tensor) -> bool:
                for t in tensors)
 
 
+def _windows(kernel, stride, dilation) -> dict:
+    """WR, WS: the most windows that hold one input row / column, ceil(((k-1)*dil + 1) / stride)."""
+    return {f"W{a}": -(-((k - 1) * d + 1) // st) for a, k, st, d in zip("RS", kernel, stride, dilation)}
+
+
 def _launch(kernel, t: torch.Tensor, *args, **kwargs) -> None:
     """kernel over the tiles of t [N, C, P, Q] (the tensor whose elements the lanes own): columns
     along its innermost dim, as many as that dim needs up to 128 (kernel's _tile)."""
@@ -310,7 +333,8 @@ def max_pool2d_backward(gy: torch.Tensor, idx: torch.Tensor, x_shape, kernel, st
     dx = _empty(x_shape, channels_last, gy.dtype, gy.device)
     if dx.numel():
         _launch(max_pool2d_bwd_kernel, dx, gy, idx, dx, dx.numel(), C, H, W, gy.shape[2], gy.shape[3], *kernel,
-                *gy.stride(), *idx.stride(), *dx.stride(), *stride, *padding, *dilation, WIDE=_wide(gy, idx, dx))
+                *gy.stride(), *idx.stride(), *dx.stride(), *stride, *padding, *dilation,
+                **_windows(kernel, stride, dilation), WIDE=_wide(gy, idx, dx))
     return dx
 
 
@@ -334,7 +358,8 @@ def avg_pool2d_backward(gy: torch.Tensor, x_shape, kernel, stride, padding, coun
     if dx.numel():
         _launch(avg_pool2d_bwd_kernel, dx, gy, dx, dx.numel(), C, H, W, gy.shape[2], gy.shape[3], *kernel,
                 *gy.stride(), *dx.stride(), *stride, *padding, DIVISOR=int(divisor_override or 0),
-                COUNT_INCLUDE_PAD=bool(count_include_pad), WIDE=_wide(gy, dx))
+                COUNT_INCLUDE_PAD=bool(count_include_pad), **_windows(kernel, stride, (1, 1)),
+                WIDE=_wide(gy, dx))
     return dx
 
 
