@@ -8,8 +8,11 @@
   and 4096x128256, fp32 and bf16: ge2's fused op (gradient for gy = 1, then the gy scaling op,
   which costs no pass when gy == 1) vs ``F.cross_entropy(x, t).backward()``; columns for the
   default deferred target check (no host sync), the synchronous one and none. Before them, a sweep
-  of the split path's (BLOCK_C, num_warps) (``ce_split_sweep`` rows) picks the defaults they use
-  (``ce_chosen_defaults`` in the JSON; ge2/kernels/cross_entropy.py carries the same values).
+  (``ce_split_sweep`` rows, each with its gradient's error vs torch) of the split path's
+  (BLOCK_C, num_warps) at 4096x128256 and of one-row-per-program vs the persistent kernel at
+  8192x32768 picks the defaults they use (``ce_chosen_defaults`` in the JSON;
+  ge2/kernels/cross_entropy.py carries the same values), beside a device-to-device copy of the
+  logits (``copy_reference``: one read + one write, the fused pass's floor).
 * linear_cross_entropy at N=8192, H=4096, V=128256 bf16 (time and peak memory) vs
   ``F.cross_entropy(x @ W.T + b, t).backward()``.
 
@@ -122,7 +125,10 @@ def bench_cross_entropy(bench: Bench, shapes, dtypes) -> None:
         del g_ge2
         xt.grad = None
         es = x.element_size()
-        path = (f"split {K.SPLIT_CONFIG[es]}" if C > K.MAX_FUSED_C[es] else "in registers")
+        if C > K.MAX_FUSED_C[es]:
+            path = f"split {_cfg_name(K.SPLIT_CONFIG[es])}"
+        else:
+            path = _cfg_name((K.ROW_CONFIG[es] or 0) if C > K.ROW_PERSISTENT_MIN_C else 0)
         row = bench.add({"case": "cross_entropy_fwd_bwd", "shape": f"{N}x{C}", "dtype": str(dtype)[6:],
                          "path": path},
                         ge2=ge2_fused, ge2_sync_check=lambda: ge2_fused(True), ge2_nocheck=lambda: ge2_fused(False),
@@ -149,14 +155,25 @@ def bench_cross_entropy(bench: Bench, shapes, dtypes) -> None:
         torch.cuda.empty_cache()
 
 
-SPLIT_SWEEP = [(2048, 4), (4096, 8), (8192, 16), (8192, 8), (16384, 32)]
+# Swept: the split path's (BLOCK_C, num_warps) at the long rows (SPLIT_CONFIG), and, for rows of
+# 8192x32768 (ROW_CONFIG), one row per program (0) or the persistent kernel with that many warps.
+SPLIT_SWEEP = [(2048, 4), (4096, 8), (8192, 8)]
+ROW_SWEEP = [0, 32, 16]
 
 
-def sweep_split(bench: Bench, long_shape, short_shape, dtypes, configs=SPLIT_SWEEP) -> dict:
-    """Kernel-level fwd+bwd (targets, fused pass, loss sum) per split config; sets the winners as defaults.
+def _cfg_name(cfg) -> str:
+    if isinstance(cfg, int):
+        return f"persistent, {cfg} warps" if cfg else "in registers, one row per program"
+    return f"BLOCK_C={cfg[0]} warps={cfg[1]}"
 
-    For each dtype: SPLIT_CONFIG = the fastest config at ``long_shape``; rows of ``short_shape``'s
-    length move to the split path (MAX_FUSED_C lowered) only if that config beats the in-register kernel there.
+
+def sweep_split(bench: Bench, long_shape, short_shape, dtypes, long_configs=SPLIT_SWEEP,
+                short_configs=ROW_SWEEP) -> dict:
+    """Kernel-level fwd+bwd (targets, fused pass, loss sum) per config; sets the winners as defaults.
+
+    For each dtype: SPLIT_CONFIG = the fastest of ``long_configs`` at ``long_shape``; ROW_CONFIG =
+    the fastest of ``short_configs`` (None: the in-register kernel) at ``short_shape``. Beside
+    them, a device-to-device copy of the logits (one read + one write: the floor of the fused pass).
     """
     from ge2.kernels import cross_entropy as K
 
@@ -165,26 +182,40 @@ def sweep_split(bench: Bench, long_shape, short_shape, dtypes, configs=SPLIT_SWE
     for dtype in dtypes:
         es = torch.tensor([], dtype=dtype).element_size()
         best = {}
-        for N, C in (long_shape, short_shape):
+        for (N, C), configs in ((long_shape, long_configs), (short_shape, short_configs)):
             x = torch.randn(N, C, device="cuda", dtype=dtype)
+            y = torch.empty_like(x)
             t = torch.randint(0, C, (N,), device="cuda")
             t[::17] = -100
-            for cfg in list(configs) + ([None] if C <= 32768 else []):
-                fn = lambda c=cfg: K.cross_entropy_fwd_bwd(x, t, check_targets=False, split_config=c,  # noqa: E731
-                                                           max_fused_c=32768)
-                row = bench.add({"case": "ce_split_sweep", "shape": f"{N}x{C}", "dtype": str(dtype)[6:],
-                                 "config": "in registers" if cfg is None else f"BLOCK_C={cfg[0]} warps={cfg[1]}"},
-                                ge2=fn)
-                best[(C, cfg)] = row["ge2_ms"] or float("inf")
-            del x, t
+            bench.add({"case": "copy_reference", "shape": f"{N}x{C}", "dtype": str(dtype)[6:]},
+                      torch=lambda: y.copy_(x))
+            xt = x.clone().requires_grad_()
+            TF.cross_entropy(xt, t).backward()
+            g_ref = xt.grad.double()
+            del xt
+            for cfg in configs:
+                kw = dict(persistent_warps=cfg) if isinstance(cfg, int) else dict(split_config=cfg)
+                fn = lambda kw=kw: K.cross_entropy_fwd_bwd(x, t, check_targets=False, **kw)  # noqa: E731
+                try:
+                    g = fn()[1]
+                    err = ((g.double() - g_ref).norm() / g_ref.norm()).item()
+                    del g
+                    row = bench.add({"case": "ce_split_sweep", "shape": f"{N}x{C}", "dtype": str(dtype)[6:],
+                                     "config": _cfg_name(cfg)}, ge2=fn)
+                except Exception as e:  # noqa: BLE001  (a config that fails to compile is reported, not fatal)
+                    print(f"  {_cfg_name(cfg)}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                    continue
+                row["grad_rel_err_vs_torch"] = err
+                best[(C, cfg)] = (row["ge2_ms"] or float("inf")) if err < 2e-2 else float("inf")
+            del x, y, t, g_ref
             torch.cuda.empty_cache()
         long_c, short_c = long_shape[1], short_shape[1]
-        cfg = min(configs, key=lambda c: best[(long_c, c)])
-        K.SPLIT_CONFIG[es] = cfg
-        split_short = best[(short_c, cfg)] < 0.98 * best[(short_c, None)]
-        K.MAX_FUSED_C[es] = short_c // 2 if split_short else 32768
-        chosen[str(dtype)[6:]] = {"SPLIT_CONFIG": list(cfg), "MAX_FUSED_C": K.MAX_FUSED_C[es]}
-        print(f"  -> {dtype}: SPLIT_CONFIG {cfg}, MAX_FUSED_C {K.MAX_FUSED_C[es]}", flush=True)
+        K.SPLIT_CONFIG[es] = min((c for c in long_configs if (long_c, c) in best), key=lambda c: best[(long_c, c)])
+        K.ROW_CONFIG[es] = min((c for c in short_configs if (short_c, c) in best),
+                               key=lambda c: best[(short_c, c)]) or None
+        chosen[str(dtype)[6:]] = {"SPLIT_CONFIG": list(K.SPLIT_CONFIG[es]), "ROW_CONFIG": K.ROW_CONFIG[es],
+                                  "MAX_FUSED_C": K.MAX_FUSED_C[es]}
+        print(f"  -> {dtype}: SPLIT_CONFIG {K.SPLIT_CONFIG[es]}, ROW_CONFIG {K.ROW_CONFIG[es]}", flush=True)
     bench.warmup_ms, bench.rep_ms = 25, 100
     return chosen
 
@@ -243,14 +274,19 @@ def main() -> None:
     ap.add_argument("--only-ce", action="store_true",
                     help="cross-entropy rows and the split sweep only; the other rows are kept from the JSON")
     ap.add_argument("--sweep", default=",".join(f"{b}x{w}" for b, w in SPLIT_SWEEP),
-                    help="split configs BLOCK_CxWARPS to sweep, comma-separated")
+                    help="split configs BLOCK_CxWARPS to sweep for the long rows, comma-separated")
+    ap.add_argument("--row-sweep", default=",".join(map(str, ROW_SWEEP)),
+                    help="for rows of 32768: warps of the persistent kernel, 0 = one row per program")
+    ap.add_argument("--no-ce-table", action="store_true", help="the sweep only (no cross_entropy_fwd_bwd rows)")
     args = ap.parse_args()
-    sweep = [tuple(int(v) for v in cfg.split("x")) for cfg in args.sweep.split(",")]
+    sweep = [tuple(int(v) for v in c.split("x")) for c in args.sweep.split(",")]
+    row_sweep = [int(v) for v in args.row_sweep.split(",")]
     if not torch.cuda.is_available():
         raise SystemExit("bench_softmax_ce: needs a CUDA GPU (timings under the interpreter mean nothing)")
     torch.manual_seed(0)
     # (ce_recompute_exp / ce_online_sweep: rows of earlier kernels, not carried over)
-    kept = earlier_rows({"cross_entropy_fwd_bwd", "ce_split_sweep", "ce_recompute_exp", "ce_online_sweep"}
+    kept = earlier_rows({"cross_entropy_fwd_bwd", "ce_split_sweep", "ce_recompute_exp", "ce_online_sweep",
+                         "experiment_ce_split_sweep", "experiment_cross_entropy_fwd_bwd", "copy_reference"}
                         ) if args.only_ce else []
     bench = Bench("softmax_ce")
     dtypes = (torch.float32, torch.bfloat16)
@@ -258,8 +294,9 @@ def main() -> None:
     if not args.only_ce:
         bench_softmax(bench, [(1024, 1024)] if quick else [(4096, 4096), (8192, 32768)], dtypes)
     shapes = [(1024, 4096), (256, 40000)] if quick else [(8192, 32768), (4096, 128256)]
-    chosen = sweep_split(bench, shapes[1], shapes[0], dtypes, sweep)
-    bench_cross_entropy(bench, shapes, dtypes)
+    chosen = sweep_split(bench, shapes[1], shapes[0], dtypes, sweep, row_sweep)
+    if not args.no_ce_table:
+        bench_cross_entropy(bench, shapes, dtypes)
     if not args.skip_lce and not args.only_ce:
         bench_linear_cross_entropy(bench, *((512, 256, 8192) if quick else (8192, 4096, 128256)), torch.bfloat16)
     bench.rows.extend(kept)

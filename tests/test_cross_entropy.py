@@ -37,9 +37,9 @@ def _torch_ce(logits, target, weight, **kw):
     return loss.detach(), g
 
 
-def _check(logits, target, weight=None, *, max_fused_c=None, split_config=None, **kw):
+def _check(logits, target, weight=None, *, max_fused_c=None, split_config=None, persistent_warps=None, **kw):
     loss, grad = K.cross_entropy_fwd_bwd(logits, target, weight=weight, max_fused_c=max_fused_c,
-                                         split_config=split_config, **kw)
+                                         split_config=split_config, persistent_warps=persistent_warps, **kw)
     loss64, grad64 = _torch_ce(logits.double(), target, weight.double() if weight is not None else None, **kw)
     loss_t, grad_t = _torch_ce(logits, target, weight, **kw)
     assert loss.dtype == logits.dtype and grad.shape == logits.shape
@@ -70,10 +70,20 @@ def test_spatial_logits_and_split_path(reduction, weighted, smoothing):
     _check(x, t, w, reduction=reduction, label_smoothing=smoothing, max_fused_c=16)
 
 
-@pytest.mark.parametrize("C", [1, 7, 1000] + ([33000, 128256] if LARGE else []))
+@pytest.mark.parametrize("C", [1, 7, 1000] + ([32768, 33000, 128256] if LARGE else []))
 def test_class_counts(C):
     n = 3 if C <= 1000 else 64
     _check(randn(n, C, seed=C), _targets((n,), C, seed=7, ignore_every=0), label_smoothing=0.1)
+
+
+@pytest.mark.skipif(not LARGE, reason="rows of 32768 classes")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_persistent_rows_of_32768_classes(dtype):
+    # 700 rows, every 5th ignored: the programs (as many as fit) loop over rows with ignored rows between.
+    x = randn(700, 32768, dtype=dtype, seed=57) * 2
+    t = _targets((700,), 32768, seed=58, ignore_every=5)
+    _check(x, t, persistent_warps=32)
+    _check(x, t, persistent_warps=16, reduction="sum", label_smoothing=0.1)
 
 
 def test_split_path_long_rows_with_options():
@@ -108,6 +118,32 @@ def test_split_rows_in_place_and_forward_only():
     assert torch.equal(loss_i, loss) and torch.equal(g_i, g)  # x[t] is read before any slice is overwritten
     loss_f, g_f = K.cross_entropy_fwd_bwd(x, t, compute_grad=False, **kw)
     assert g_f is None and torch.equal(loss_f, loss)
+
+
+@pytest.mark.parametrize("reduction,weighted,smoothing", COMBOS)
+def test_persistent_whole_rows_every_option(reduction, weighted, smoothing):
+    # The persistent kernel: programs loop over rows (3 programs here: rows 0, 3, 6, ...; on the GPU as
+    # many as fit), loading the next row and target while finishing one; ignored rows between others.
+    C = 37
+    x = randn(11, C, noncontig=True, seed=51) * 4
+    w = (randn(C, seed=52).abs() + 0.3) if weighted else None
+    t = _targets((11,), C, seed=53, ignore_every=4)
+    _check(x, t, w, reduction=reduction, label_smoothing=smoothing, persistent_warps=1)
+
+
+def test_persistent_whole_rows_in_place_and_spatial():
+    C = 23
+    x = randn(2, C, 3, 2, seed=54) * 3  # rows (n, d1, d2), classes strided
+    t = _targets((2, 3, 2), C, seed=55)
+    w = randn(C, seed=56).abs() + 0.2
+    kw = dict(weight=w, label_smoothing=0.1, persistent_warps=1)
+    loss, g = _check(x, t, w, label_smoothing=0.1, persistent_warps=1)
+    buf = x.clone()
+    loss_i, g_i = K.cross_entropy_fwd_bwd(buf, t, inplace=True, **kw)
+    assert g_i.data_ptr() == buf.data_ptr()
+    assert torch.equal(loss_i, loss) and torch.equal(g_i, g)
+    loss_f, g_f = K.cross_entropy_fwd_bwd(x, t, compute_grad=False, **kw)  # forward only: one row per program
+    assert g_f is None and torch.allclose(loss_f, loss, rtol=1e-6, atol=0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the cooperative split runs on the GPU only")

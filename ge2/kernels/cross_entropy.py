@@ -41,12 +41,19 @@ from ge2.runtime import autotune
 MAX_FUSED_C = {4: 32768, 2: 32768, 1: 32768}
 # The split path's (BLOCK_C, num_warps) by element size: the fastest of bench/bench_softmax_ce.py's
 # sweep at 4096 x 128256 on the H100 (ce_split_sweep rows of bench/results/softmax_ce.json; fp32
-# (2048, 4) 1.53 ms and (4096, 8) 1.53; bf16 (4096, 8) 1.13 ms, (8192, 8) 1.14, (2048, 4) 1.20;
+# (4096, 8) 1.526 ms, (2048, 4) 1.534; bf16 (4096, 8) 1.128 ms, (8192, 8) 1.132, (2048, 4) 1.193;
 # 16384-wide slices 1.4-1.5x slower: fewer programs per SM to overlap one slice's wait with another's load).
-SPLIT_CONFIG = {4: (2048, 4), 2: (4096, 8), 1: (4096, 8)}
+SPLIT_CONFIG = {4: (4096, 8), 2: (4096, 8), 1: (4096, 8)}
 # Rows of more than this many slices run as two launches (partials, then dx re-reading the row):
 # a cooperative launch needs a row's SPLIT programs co-resident, kept far below the GPU's capacity.
 MAX_COOPERATIVE_SPLIT = 64
+# Rows of ROW_PERSISTENT_MIN_C < C <= MAX_FUSED_C classes, by element size: None = one program per row
+# (cross_entropy_fwd_bwd_kernel), else the num_warps of cross_entropy_persistent_kernel. The fastest
+# of bench/bench_softmax_ce.py's sweep at 8192 x 32768 on the H100 (ce_split_sweep rows): bf16
+# persistent 32 warps 0.417 ms (16 warps 0.439) vs 0.488 one row per program; fp32 one row per
+# program 0.725 ms vs 1.04-1.24 persistent (two fp32 rows of 32K do not fit in the registers: spills).
+ROW_CONFIG = {4: None, 2: 32, 1: 32}
+ROW_PERSISTENT_MIN_C = 16384
 SYNC_STRIDE: tl.constexpr = tl.constexpr(32)
 TILE_ELEMENTS = 2048
 STATS_BLOCK = 1024
@@ -148,10 +155,81 @@ def cross_entropy_fwd_bwd_kernel(
         inv_d = 1.0
         if MEAN:
             inv_d = 1.0 / tl.load(stats_ptr)
-        g = _ce_grad(x, cols[None, :], t[:, None], valid[:, None], bad[:, None], w_t[:, None], w_row, w_sum,
-                     row_max[:, None], row_sum[:, None], inv_d, label_smoothing, C, SMOOTH)
+        p = tl.exp(x - row_max[:, None]) * (1.0 / row_sum[:, None])
+        g = _ce_grad(p, cols[None, :], t[:, None], valid[:, None], bad[:, None], w_t[:, None], w_row, w_sum,
+                     inv_d, label_smoothing, C, SMOOTH)
         g_off = row_offsets(rows, inner, sg_o, sg_i)[:, None] + cols[None, :] * sg_c
         tl.store(g_ptr + g_off, g.to(g_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def cross_entropy_persistent_kernel(
+    x_ptr, t_ptr, w_ptr, stats_ptr, loss_ptr, g_ptr, n_rows, C, inner,
+    sx_o, sx_i, sx_c, st_o, st_i, sg_o, sg_i, sg_c, ignore_index, label_smoothing,
+    HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, MEAN: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Whole rows, persistent: program p does rows p, p + P, p + 2P, ... (P programs, as many as fit at once).
+
+    While it reduces row r and writes r's dx, row r + P is already being loaded (issued after
+    r's reductions, before its dx), and the target of r + 2P: the SM's memory requests never
+    stop for a row's reductions, its exponentials and its dx arithmetic, which the one-row-per-
+    program kernel runs with nothing in flight (one 32-warp program per SM at 32K classes). One
+    exponential per element: p = e / sum with e = exp(x - max) kept from the sum, in place of x.
+    """
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    c = tl.arange(0, BLOCK_C)
+    ok = c < C
+    w_sum = tl.load(stats_ptr + 1)
+    inv_d = 1.0
+    if MEAN:
+        inv_d = 1.0 / tl.load(stats_ptr)
+    w_c = tl.where(ok, 1.0, 0.0)
+    if SMOOTH:
+        if HAS_WEIGHT:
+            w_c = tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    # the pipeline: this row's and the next row's targets, this row's logits (and x[t]) in flight
+    t, valid, bad, w_t = _row_target(t_ptr, pid, n_rows, inner, st_o, st_i, C, ignore_index, w_ptr, HAS_WEIGHT)
+    t1, valid1, bad1, w_t1 = _row_target(t_ptr, pid + n_prog, n_rows, inner, st_o, st_i, C, ignore_index, w_ptr,
+                                         HAS_WEIGHT)
+    x_nxt, x_t_nxt = _load_row(x_ptr, pid, inner, sx_o, sx_i, sx_c, c, ok, t, valid & ~bad)
+    for k in range(0, tl.cdiv(n_rows - pid, n_prog)):
+        row = pid + k * n_prog
+        x = x_nxt.to(tl.float32)
+        x_t = x_t_nxt
+        row_max = tl.max(x, 0)
+        row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
+        e = tl.exp(x - row_max)
+        row_sum = tl.sum(e, 0)
+        wx = 0.0
+        if SMOOTH:
+            wx = tl.sum(tl.where(ok, w_c * x, 0.0), 0)
+        # Prefetch the next row (its target arrived during this one) and the target after it. In
+        # place this is safe: another row.
+        x_nxt, x_t_nxt = _load_row(x_ptr, row + n_prog, inner, sx_o, sx_i, sx_c, c, ok, t1, valid1 & ~bad1)
+        t2, valid2, bad2, w_t2 = _row_target(t_ptr, row + 2 * n_prog, n_rows, inner, st_o, st_i, C, ignore_index,
+                                             w_ptr, HAS_WEIGHT)
+        lse = row_max + tl.log(row_sum)
+        loss = (1.0 - label_smoothing) * w_t * (lse - x_t)
+        if SMOOTH:
+            loss += (label_smoothing / C) * (w_sum * lse - wx)
+        # Ignored rows are 0 even when their logits are NaN (w[t] = 0 times NaN would not be).
+        loss = tl.where(valid, loss, 0.0)
+        loss = tl.where(bad, float("nan"), loss)
+        tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
+        g = _ce_grad(e * (1.0 / row_sum), c, t, valid, bad, w_t, w_c, w_sum, inv_d, label_smoothing, C, SMOOTH)
+        tl.store(g_ptr + row_offsets(row, inner, sg_o, sg_i) + c * sg_c, g.to(g_ptr.dtype.element_ty), mask=ok)
+        t, valid, bad, w_t = t1, valid1, bad1, w_t1
+        t1, valid1, bad1, w_t1 = t2, valid2, bad2, w_t2
+
+
+@triton.jit
+def _load_row(x_ptr, row, inner, sx_o, sx_i, sx_c, c, ok, t, use):
+    """(a row's logits in x's dtype, -inf past C; x[t] in fp32). Rows ignored, bad or past the last one are not read."""
+    x_base = row_offsets(row, inner, sx_o, sx_i)
+    x = tl.load(x_ptr + x_base + c * sx_c, mask=ok & use, other=float("-inf"))
+    x_t = tl.load(x_ptr + x_base + tl.where(use, t, 0) * sx_c, mask=use, other=0.0).to(tl.float32)
+    return x, x_t
 
 
 @triton.jit
@@ -243,7 +321,8 @@ def cross_entropy_split_kernel(
             inv_d = 1.0
             if MEAN:
                 inv_d = 1.0 / tl.load(stats_ptr)
-            g = _ce_grad(x, c, t, valid, bad, w_t, w_c, w_sum, row_max, row_sum, inv_d, label_smoothing, C, SMOOTH)
+            p = tl.exp(x - row_max) * (1.0 / row_sum)
+            g = _ce_grad(p, c, t, valid, bad, w_t, w_c, w_sum, inv_d, label_smoothing, C, SMOOTH)
             tl.store(g_ptr + row_offsets(row, inner, sg_o, sg_i) + c * sg_c, g.to(g_ptr.dtype.element_ty), mask=ok)
 
 
@@ -254,9 +333,8 @@ def _load_slice(x_ptr, x_base, c, sx_c, ok, use):
 
 
 @triton.jit
-def _ce_grad(x, c, t, valid, bad, w_t, w_c, w_sum, row_max, row_sum, inv_d, label_smoothing, C, SMOOTH: tl.constexpr):
-    """dx for gy = 1 of a row slice: a (p - onehot(t)) + b (sum(w) p - w); 0 for ignored rows, NaN for bad ones."""
-    p = tl.exp(x - row_max) * (1.0 / row_sum)
+def _ce_grad(p, c, t, valid, bad, w_t, w_c, w_sum, inv_d, label_smoothing, C, SMOOTH: tl.constexpr):
+    """dx for gy = 1 from the probabilities p of a row (slice): a (p - onehot(t)) + b (sum(w) p - w); 0 for ignored rows, NaN for bad ones."""
     g = ((1.0 - label_smoothing) * w_t * inv_d) * (p - tl.where(c == t, 1.0, 0.0))
     if SMOOTH:
         g += ((label_smoothing / C) * inv_d) * (w_sum * p - w_c)
@@ -425,12 +503,15 @@ def cross_entropy_rows(
     x: torch.Tensor, target: torch.Tensor, stats: torch.Tensor, row_loss: torch.Tensor, grad: torch.Tensor | None, *,
     weight: torch.Tensor | None = None, ignore_index: int = -100, label_smoothing: float = 0.0, mean: bool = True,
     max_fused_c: int | None = None, split_config: tuple[int, int] | None = None, cooperative: bool | None = None,
+    persistent_warps: int | None = None,
 ) -> None:
     """The fused pass: row losses (unnormalised) into ``row_loss`` and, if ``grad`` is given, dx for gy = 1.
 
     x [N, C, d...] (any strides), target [N, d...], stats from ``target_stats`` (the mean's D may
     come from more rows than these: linear_cross_entropy passes the whole batch's); ``grad`` may be x.
-    Rows of C <= max_fused_c (default MAX_FUSED_C[element size]) classes: whole rows per program.
+    Rows of C <= max_fused_c (default MAX_FUSED_C[element size]) classes: whole rows per program,
+    one row each, or looping over rows (the persistent kernel, with ``persistent_warps`` warps;
+    default ROW_CONFIG for rows longer than ROW_PERSISTENT_MIN_C, when the gradient is wanted).
     Longer rows, or any row when ``split_config`` = (BLOCK_C, num_warps) is given: the split
     kernel, cooperative (one launch) on the GPU for the gradient pass unless ``cooperative=False``
     or the split is wider than MAX_COOPERATIVE_SPLIT; never under the interpreter, which runs
@@ -445,6 +526,16 @@ def cross_entropy_rows(
     w = weight if weight is not None else stats
     max_fused_c = max_fused_c or MAX_FUSED_C[x.element_size()]
     meta = dict(HAS_WEIGHT=weight is not None, SMOOTH=label_smoothing > 0, MEAN=mean, COMPUTE_GRAD=grad is not None)
+    if persistent_warps is None and C > ROW_PERSISTENT_MIN_C and grad is not None:
+        persistent_warps = ROW_CONFIG[x.element_size()]
+    if C <= max_fused_c and split_config is None and persistent_warps and grad is not None:
+        args = (x, t, w, stats, row_loss, g, n_rows, C, inner, sx_o, sx_i, sx_c, st_o, st_i, sg_o, sg_i, sg_c,
+                ignore_index, float(label_smoothing))
+        shape = dict(HAS_WEIGHT=meta["HAS_WEIGHT"], SMOOTH=meta["SMOOTH"], MEAN=mean,
+                     BLOCK_C=triton.next_power_of_2(C), num_warps=persistent_warps)
+        programs = min(n_rows, _resident_programs(cross_entropy_persistent_kernel, args, shape, x.device))
+        cross_entropy_persistent_kernel[(programs,)](*args, **shape)
+        return
     if C <= max_fused_c and split_config is None:
         block_c = triton.next_power_of_2(C)
         block_m = min(max(1, TILE_ELEMENTS // block_c), triton.next_power_of_2(n_rows))
@@ -472,6 +563,31 @@ def cross_entropy_rows(
         cross_entropy_split_kernel[grid](*args, **shape, PHASE=phase)
 
 
+def _resident_programs(kernel, args: tuple, shape: dict, device: torch.device) -> int:
+    """How many programs of ``kernel`` the GPU holds at once (its registers, shared memory and warps per SM).
+
+    Compiled once per specialization (``warmup``) to read its register count. Under the
+    interpreter: 3, so that the tests' programs loop over several rows.
+    """
+    if device.type != "cuda":
+        return 3
+    key = (kernel, device, tuple(sorted(shape.items())), tuple(a.dtype for a in args[:6]))
+    if key not in _RESIDENT:
+        k = kernel.warmup(*args, grid=(1,), **shape)
+        k._init_handles()
+        p = torch.cuda.get_device_properties(device)
+        warps = shape["num_warps"]
+        regs_per_warp = -(-max(k.n_regs, 1) * 32 // 256) * 256  # allocated per warp in units of 256
+        by_regs = getattr(p, "regs_per_multiprocessor", 65536) // (regs_per_warp * warps)
+        by_threads = getattr(p, "max_threads_per_multi_processor", 2048) // (32 * warps)
+        by_smem = getattr(p, "shared_memory_per_multiprocessor", 233472) // (k.metadata.shared + 1024)
+        _RESIDENT[key] = max(1, min(by_regs, by_threads, by_smem, 32)) * p.multi_processor_count
+    return _RESIDENT[key]
+
+
+_RESIDENT: dict = {}
+
+
 def _num_sms(device: torch.device) -> int:
     if device not in _SMS:
         _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
@@ -485,7 +601,7 @@ def cross_entropy_fwd_bwd(
     logits: torch.Tensor, target: torch.Tensor, *, weight: torch.Tensor | None = None, ignore_index: int = -100,
     reduction: str = "mean", label_smoothing: float = 0.0, compute_grad: bool = True, inplace: bool = False,
     check_targets: bool | None = None, max_fused_c: int | None = None,
-    split_config: tuple[int, int] | None = None, cooperative: bool | None = None,
+    split_config: tuple[int, int] | None = None, cooperative: bool | None = None, persistent_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(loss, dlogits for gy = 1): loss 0-d ('mean'/'sum') or [N, d...] ('none') in logits' dtype.
 
@@ -502,7 +618,7 @@ def cross_entropy_fwd_bwd(
         grad = x if inplace and x.data_ptr() == logits.data_ptr() else torch.empty_like(x)
     cross_entropy_rows(x, target, stats, row_loss, grad, weight=weight, ignore_index=ignore_index,
                        label_smoothing=label_smoothing, mean=reduction == "mean", max_fused_c=max_fused_c,
-                       split_config=split_config, cooperative=cooperative)
+                       split_config=split_config, cooperative=cooperative, persistent_warps=persistent_warps)
     if reduction == "none":
         loss = row_loss
     else:
