@@ -82,7 +82,10 @@ class _PlannedLaunch:
                 meta.update(kwargs)
                 grid = grid(meta)
             grid = tuple(grid) + (1,) * (3 - len(grid))
-            key = (grid, tuple(map(_spec, args)), tuple((k, _spec(v)) for k, v in kwargs.items()))
+            # Plain ints (most arguments: sizes, strides) are their own spec: no call per argument.
+            # An int never equals a _spec tuple, so this stays as exact as _spec itself.
+            key = (grid, tuple([a if type(a) is int else _spec(a) for a in args]),
+                   tuple([(k, v if type(v) is int else _spec(v)) for k, v in kwargs.items()]))
             plans = self.__dict__.setdefault("_ge2_plans", {})
             plan = plans.get(key)
         except (KeyError, TypeError):  # a grid reading a defaulted argument, an unhashable value

@@ -233,8 +233,9 @@ def scale_grads_kernel(table_ptr, chunks_ptr, coef_ptr, DTYPE: tl.constexpr, BLO
 # ---------------------------------------------------------------------------------------------
 # tables
 # ---------------------------------------------------------------------------------------------
-_TABLE_CACHE: dict[tuple, tuple[torch.Tensor, torch.Tensor, int]] = {}
-_TABLE_CACHE_SIZE = 64
+_TABLE_CACHE: dict[tuple, torch.Tensor] = {}
+_CHUNK_CACHE: dict[tuple, tuple[torch.Tensor, int]] = {}
+_CACHE_SIZE = 64
 
 
 def _addr(t: torch.Tensor | None) -> int:
@@ -251,22 +252,36 @@ def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return host.to(device)
 
 
+def _cached(cache: dict, key: tuple, build):
+    hit = cache.get(key)
+    if hit is None:
+        if len(cache) >= _CACHE_SIZE:
+            cache.pop(next(iter(cache)))
+        cache[key] = hit = build()
+    return hit
+
+
 def tensor_table(params, grads, states1, states2, groups) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(table int64 [T, 6], chunks int64 [n, 2], n) on the params' device; cached by addresses and sizes."""
+    """(table int64 [T, 6], chunks int64 [n, 2], n) on the params' device.
+
+    Two caches: the chunk list ([n, 2], hundreds of rows for a small model) depends only on the
+    sizes, so it is built once; the address table (T rows) changes whenever a gradient lands at a
+    new address, which in eager training is most steps.
+    """
     rows = tuple((_addr(p), _addr(g), _addr(s1), _addr(s2), g.numel(), grp)
                  for p, g, s1, s2, grp in zip(params, grads, states1, states2, groups))
     device = grads[0].device
-    key = (device, rows)
-    hit = _TABLE_CACHE.get(key)
-    if hit is not None:
-        return hit
-    chunks = [(i, start) for i, r in enumerate(rows) for start in range(0, r[4], BLOCK)]
-    table = _to_device(torch.tensor([list(r) for r in rows], dtype=torch.int64), device)
-    chunk_t = _to_device(torch.tensor(chunks or [(0, 0)], dtype=torch.int64), device)
-    if len(_TABLE_CACHE) >= _TABLE_CACHE_SIZE:
-        _TABLE_CACHE.pop(next(iter(_TABLE_CACHE)))
-    _TABLE_CACHE[key] = hit = (table, chunk_t, len(chunks))
-    return hit
+    table = _cached(_TABLE_CACHE, (device, rows),
+                    lambda: _to_device(torch.tensor([list(r) for r in rows], dtype=torch.int64), device))
+
+    def chunks():
+        pairs = [(i, start) for i, r in enumerate(rows) for start in range(0, r[4], BLOCK)]
+        return _to_device(torch.tensor(pairs or [(0, 0)], dtype=torch.int64), device), len(pairs)
+
+    chunk_t, n = _cached(_CHUNK_CACHE, (device, tuple(r[4] for r in rows)), chunks)
+    graphs.keep_alive(table)  # while capturing: the graph reads them even after the caches drop them
+    graphs.keep_alive(chunk_t)
+    return table, chunk_t, n
 
 
 def _by_dtype(grads) -> dict[torch.dtype, list[int]]:
