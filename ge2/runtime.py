@@ -99,6 +99,11 @@ def set_default_device(dev: str | torch.device) -> None:
     _default_device = str(resolve_device(dev))
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) of host ints, for grids: triton.cdiv is a constexpr function (~2 us a call)."""
+    return -(-a // b)
+
+
 # ---------------------------------------------------------------------------------------------
 # fp32 matmul precision
 # ---------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from ge2.kernels.losses import sum_to_scalar
 from ge2.kernels.softmax import num_warps_configs, prune_by_elements_per_thread, row_offsets, row_view
-from ge2.runtime import autotune
+from ge2.runtime import autotune, cdiv
 
 # Longest class row one program holds in registers, by element size; longer rows take the split path.
 MAX_FUSED_C = {4: 32768, 2: 32768, 1: 32768}
@@ -539,14 +539,14 @@ def cross_entropy_rows(
     if C <= max_fused_c and split_config is None:
         block_c = triton.next_power_of_2(C)
         block_m = min(max(1, TILE_ELEMENTS // block_c), triton.next_power_of_2(n_rows))
-        cross_entropy_fwd_bwd_kernel[(triton.cdiv(n_rows, block_m),)](
+        cross_entropy_fwd_bwd_kernel[(cdiv(n_rows, block_m),)](
             x, t, w, stats, row_loss, g, n_rows, C, inner, sx_o, sx_i, sx_c, st_o, st_i, sg_o, sg_i, sg_c,
             ignore_index, float(label_smoothing), **meta, BLOCK_M=block_m, BLOCK_C=block_c)
         return
     block_c, num_warps = split_config or SPLIT_CONFIG[x.element_size()]
     # slices no longer than the in-register limit (tests lower it to reach this path with tiny rows)
     block_c = min(block_c, 1 << (max(max_fused_c, 2).bit_length() - 1))
-    split = triton.cdiv(C, block_c)
+    split = cdiv(C, block_c)
     if cooperative is None:
         cooperative = grad is not None and split <= MAX_COOPERATIVE_SPLIT
     cooperative = cooperative and x.is_cuda
@@ -648,7 +648,7 @@ def column_sums_(g: torch.Tensor, out: torch.Tensor, *, accumulate: bool) -> tor
     """out [N] fp32 (+)= g [M, N].sum(0)."""
     M, N = g.shape
     block_n = 128
-    column_sums_kernel[(triton.cdiv(N, block_n),)](g, out, M, N, g.stride(0), g.stride(1), ACCUMULATE=accumulate,
+    column_sums_kernel[(cdiv(N, block_n),)](g, out, M, N, g.stride(0), g.stride(1), ACCUMULATE=accumulate,
                                                    BLOCK_M=32, BLOCK_N=block_n)
     return out
 
@@ -661,7 +661,7 @@ def cross_entropy_scale_grad_(grad: torch.Tensor, gy: torch.Tensor) -> torch.Ten
     per_row = gy.dim() > 0
     sy_o, sy_i = _target_rows(gy)[1:] if per_row else (0, 0)
     block_c = min(triton.next_power_of_2(C), 4096)
-    tiles = n_rows * triton.cdiv(C, block_c)
+    tiles = n_rows * cdiv(C, block_c)
     programs = min(tiles, 8 * _num_sms(grad.device) if grad.is_cuda else 4)
     scale_rows_kernel[(programs,)](grad, gy, n_rows, C, inner, sg_o, sg_i, sg_c, sy_o, sy_i,
                                    PER_ROW=per_row, BLOCK_C=block_c, num_warps=8)
@@ -678,7 +678,7 @@ def nll_fwd(logp: torch.Tensor, target: torch.Tensor, *, weight: torch.Tensor | 
                 else torch.empty(n_rows, dtype=torch.float32, device=logp.device))
     if n_rows:
         t, st_o, st_i = _target_rows(target)
-        nll_fwd_kernel[(triton.cdiv(n_rows, STATS_BLOCK),)](
+        nll_fwd_kernel[(cdiv(n_rows, STATS_BLOCK),)](
             x, t, weight if weight is not None else stats, row_loss, n_rows, C, inner, sx_o, sx_i, sx_c,
             st_o, st_i, ignore_index, HAS_WEIGHT=weight is not None, BLOCK=STATS_BLOCK)
     loss = row_loss if reduction == "none" else sum_to_scalar(
@@ -703,7 +703,7 @@ def nll_bwd(gy: torch.Tensor, target: torch.Tensor, shape: tuple[int, ...], dtyp
         sy_o, sy_i = _target_rows(gy)[1:] if per_row else (0, 0)
         block_c = min(triton.next_power_of_2(C), 1024)
         block_m = max(1, min(TILE_ELEMENTS // block_c, triton.next_power_of_2(n_rows)))
-        nll_bwd_kernel[(triton.cdiv(n_rows, block_m), triton.cdiv(C, block_c))](
+        nll_bwd_kernel[(cdiv(n_rows, block_m), cdiv(C, block_c))](
             gy, t, weight if weight is not None else stats, stats, g, n_rows, C, inner, st_o, st_i, sy_o, sy_i,
             ignore_index, HAS_WEIGHT=weight is not None, MEAN=reduction == "mean", PER_ROW=per_row,
             BLOCK_M=block_m, BLOCK_C=block_c)

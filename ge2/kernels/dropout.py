@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ge2.runtime import autotune
+from ge2.runtime import autotune, cdiv
 
 BLOCK = 1024
 
@@ -49,7 +49,7 @@ def dropout(x: torch.Tensor, state: torch.Tensor, p: float) -> torch.Tensor:
     n = src.numel()
     if n:
         scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
-        dropout_kernel[(triton.cdiv(n, BLOCK),)](src, y, state, n, float(p), scale, BLOCK=BLOCK)
+        dropout_kernel[(cdiv(n, BLOCK),)](src, y, state, n, float(p), scale, BLOCK=BLOCK)
     return y
 
 

@@ -39,7 +39,7 @@ import triton.language as tl
 from ge2.backend.schema import broadcast_shapes, result_dtype
 from ge2.kernels import activations
 from ge2.kernels.activations import act_fwd, act_grad_from_y, act_grad_from_z
-from ge2.runtime import autotune
+from ge2.runtime import autotune, cdiv
 
 BINARY_OPS = ("add", "sub", "mul", "div", "pow")
 COMPARE_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
@@ -379,7 +379,7 @@ class _Launch:
         return not isinstance(self.operands[k], torch.Tensor)
 
     def grid(self, meta):
-        return (triton.cdiv(self.n, meta["BLOCK"]),)
+        return (cdiv(self.n, meta["BLOCK"]),)
 
     def run(self, kernel, *args, **kwargs) -> None:
         """Launch kernel over this iteration space. Small launches are never tuned, so they skip

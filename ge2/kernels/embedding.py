@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ge2.runtime import cdiv
 
 BLOCK_I = 16
 
@@ -62,7 +63,7 @@ def embedding(idx: torch.Tensor, weight: torch.Tensor, check: bool = True) -> to
         return y
     bad = torch.zeros(1, dtype=torch.int32, device=weight.device)
     bd = _block_d(D)
-    embedding_fwd_kernel[(triton.cdiv(n, BLOCK_I), triton.cdiv(D, bd))](
+    embedding_fwd_kernel[(cdiv(n, BLOCK_I), cdiv(D, bd))](
         flat, weight, y, bad, n, V, D, weight.stride(0), weight.stride(1), BLOCK_I=BLOCK_I, BLOCK_D=bd, num_warps=4)
     if check and not (weight.is_cuda and torch.cuda.is_current_stream_capturing()):
         count = int(bad.item())
@@ -82,7 +83,7 @@ def embedding_backward(gy: torch.Tensor, idx: torch.Tensor, V: int, padding_idx:
     n = flat.numel()
     if n and D:
         bd = _block_d(D)
-        embedding_bwd_kernel[(triton.cdiv(n, BLOCK_I), triton.cdiv(D, bd))](
+        embedding_bwd_kernel[(cdiv(n, BLOCK_I), cdiv(D, bd))](
             flat, g2, gw, n, V, D, -1 if padding_idx is None else padding_idx, BLOCK_I=BLOCK_I, BLOCK_D=bd,
             num_warps=4)
     return gw if dtype == torch.float32 else gw.to(dtype)

@@ -333,7 +333,7 @@ def _prune_tma(configs, named_args, **kwargs):
     wide = args["OPERAND_BYTES"] <= 2
     keep = [c for c in configs if (c in TMA_CONFIGS_16BIT) == wide]
     # Small problems: tiles that leave SMs idle lose to smaller ones; let only those compete.
-    fills = [c for c in keep if triton.cdiv(args["M"], c.kwargs["BLOCK_M"]) * triton.cdiv(args["N"], c.kwargs["BLOCK_N"])
+    fills = [c for c in keep if runtime.cdiv(args["M"], c.kwargs["BLOCK_M"]) * runtime.cdiv(args["N"], c.kwargs["BLOCK_N"])
              >= args["NUM_SMS"] // 2]
     return fills or keep[-2:]
 
@@ -485,7 +485,7 @@ def _launch(a_view, b_view, y, *, z=None, c=None, bias=None, bias_kind=0, act=0,
     if tma is not None:
         a_desc, b_desc, a_kmajor, b_kmajor = tma
         num_sms = _tma_sms(a.device)
-        grid = lambda meta: (min(num_sms, triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
+        grid = lambda meta: (min(num_sms, runtime.cdiv(M, meta["BLOCK_M"]) * runtime.cdiv(N, meta["BLOCK_N"])),)
         gemm_tma_kernel[grid](
             a_desc, b_desc, c if c is not None else y, bias if bias is not None else y, y, z if z is not None else y,
             M, N, K,
@@ -500,7 +500,7 @@ def _launch(a_view, b_view, y, *, z=None, c=None, bias=None, bias_kind=0, act=0,
         return
     ys = (y.stride(0) if y.dim() == 3 else 0, y.stride(-2), y.stride(-1))
     cs = (c.stride(0) if c.dim() == 3 else 0, c.stride(-2), c.stride(-1)) if c is not None else (0, 0, 0)
-    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),
+    grid = lambda meta: (runtime.cdiv(M, meta["BLOCK_M"]) * runtime.cdiv(N, meta["BLOCK_N"]),
                          1 if reduce_batch else batch)
     gemm_epilogue_kernel[grid](
         a, b, c if c is not None else y, bias if bias is not None else y, y, z if z is not None else y,
@@ -636,7 +636,7 @@ def bias_act_backward(gy: torch.Tensor, saved: torch.Tensor | None, *, act: int,
     if gy.numel() == 0:
         return gz, (torch.zeros(1 if kind == 1 else M if kind == 2 else N, dtype=gy.dtype, device=gy.device)
                     if kind else None), dc
-    grid = (triton.cdiv(M, BWD_BLOCK_M), triton.cdiv(N, BWD_BLOCK_N), batch)
+    grid = (runtime.cdiv(M, BWD_BLOCK_M), runtime.cdiv(N, BWD_BLOCK_N), batch)
     rows, length = {0: (0, 0), 1: (grid[0] * grid[1] * batch, 1), 2: (grid[1] * batch, M),
                     3: (grid[0] * batch, N)}[kind]
     acc_dtype = torch.float64 if gy.dtype == torch.float64 else torch.float32
@@ -653,7 +653,7 @@ def bias_act_backward(gy: torch.Tensor, saved: torch.Tensor | None, *, act: int,
     dbias = None
     if kind:
         dbias = torch.empty(length, dtype=gy.dtype, device=gy.device)
-        sum_partials_kernel[(triton.cdiv(length, 128),)](partial, dbias, rows, length, BLOCK_P=32, BLOCK_L=128)
+        sum_partials_kernel[(runtime.cdiv(length, 128),)](partial, dbias, rows, length, BLOCK_P=32, BLOCK_L=128)
     return gz, dbias, dc
 
 

@@ -15,9 +15,8 @@ is always the same kernel with the same scalar arguments); and the same for keyw
 
 Under the Triton interpreter the plan replays the recorded argument list through the interpreter,
 so the CPU test suite checks that keys are complete and tensors land in the right slots. On the
-GPU the replay calls ``CompiledKernel.run`` directly; set ``GE2_LAUNCH_PLANS=0`` to turn plans off
-(the default on the GPU is off until the direct launch has been verified there: ``GE2_LAUNCH_PLANS=1``
-turns it on).
+GPU the replay calls ``CompiledKernel.run`` directly (the whole test suite runs through it there).
+``GE2_LAUNCH_PLANS=0`` turns plans off.
 """
 from __future__ import annotations
 
@@ -31,8 +30,7 @@ from triton.runtime.autotuner import Autotuner, Heuristics
 
 from ge2 import runtime
 
-_DEFAULT = "1" if runtime.is_interpreter() else "0"
-ENABLED: bool = os.environ.get("GE2_LAUNCH_PLANS", _DEFAULT) not in ("", "0")
+ENABLED: bool = os.environ.get("GE2_LAUNCH_PLANS", "1") not in ("", "0")
 MAX_PLANS = 4096  # per kernel; a full table is cleared (shapes beyond that are a workload's churn)
 STATS = {"hits": 0, "plans": 0}
 

@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ge2.runtime import cdiv
+
 MSE, BCE_WITH_LOGITS = 0, 1
 REDUCTIONS = ("none", "mean", "sum")
 ELEMENTWISE_BLOCK = 1024
@@ -60,7 +62,7 @@ def scale_by_device_scalar_kernel(t_ptr, n, g_ptr, BLOCK: tl.constexpr):
 def scale_by_device_scalar_(t: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """In place: t *= g (g a 1-element device tensor), without reading g on the host; t contiguous."""
     if t.numel():
-        scale_by_device_scalar_kernel[(triton.cdiv(t.numel(), ELEMENTWISE_BLOCK),)](
+        scale_by_device_scalar_kernel[(cdiv(t.numel(), ELEMENTWISE_BLOCK),)](
             t, t.numel(), g, BLOCK=ELEMENTWISE_BLOCK)
     return t
 
@@ -174,7 +176,7 @@ def loss_fwd(kind: int, x: torch.Tensor, target: torch.Tensor, *, weight: torch.
     """The loss of x [any shape] against target [x's shape]: [x's shape] for 'none', else a 0-d tensor (x's dtype)."""
     shape4, view, (x4, t4, w4, p4) = _as_4d(tuple(x.shape), x, target, weight, pos_weight)
     numel = x.numel()
-    grid = (max(1, triton.cdiv(numel, ELEMENTWISE_BLOCK)),)
+    grid = (max(1, cdiv(numel, ELEMENTWISE_BLOCK)),)
     reduce = reduction != "none"
     out = (torch.empty(grid[0], dtype=torch.float32, device=x.device) if reduce
            else torch.empty(x.shape, dtype=x.dtype, device=x.device))
@@ -200,7 +202,7 @@ def loss_bwd(kind: int, gy: torch.Tensor, x: torch.Tensor, target: torch.Tensor,
     gt = torch.empty(target.shape, dtype=target.dtype, device=x.device) if need_target else None
     if numel and (need_x or need_target):
         gy_scale = 1.0 / numel if reduction == "mean" else 1.0
-        loss_bwd_kernel[(triton.cdiv(numel, ELEMENTWISE_BLOCK),)](
+        loss_bwd_kernel[(cdiv(numel, ELEMENTWISE_BLOCK),)](
             g4 if g4 is not None else gy, x4, t4, w4 if w4 is not None else x4, p4 if p4 is not None else x4,
             gx if gx is not None else x4, gt if gt is not None else x4, numel, *shape4[1:], gy_scale,
             *_strides4(g4, view), *_strides4(x4, view), *_strides4(t4, view), *_strides4(w4, view),

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ge2.kernels.gemm import sum_partials_kernel
-from ge2.runtime import autotune
+from ge2.runtime import autotune, cdiv
 
 MAX_BLOCK_N = 4096  # row chunk; longer rows are swept in chunks of this size
 ROWS_PER_PROGRAM = 32  # backward: rows sharing one partial-sum row for dw/db
@@ -172,7 +172,7 @@ def row_norm_bwd(gy: torch.Tensor, x: torch.Tensor, n: int, weight: torch.Tensor
     x2, gy2 = _rows(x, n), _rows(gy, n)
     M = x2.shape[0]
     gx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if need_x else None
-    programs = max(triton.cdiv(M, ROWS_PER_PROGRAM), 1)
+    programs = max(cdiv(M, ROWS_PER_PROGRAM), 1)
     dw_part = torch.zeros((programs, n), dtype=torch.float32, device=x.device) if need_weight else None
     db_part = torch.zeros((programs, n), dtype=torch.float32, device=x.device) if need_bias else None
     w = weight.reshape(-1) if weight is not None else None
@@ -189,7 +189,7 @@ def row_norm_bwd(gy: torch.Tensor, x: torch.Tensor, n: int, weight: torch.Tensor
         if part is None:
             return None
         out = torch.empty(n, dtype=weight.dtype if weight is not None else x.dtype, device=x.device)
-        sum_partials_kernel[(triton.cdiv(n, 128),)](part, out, programs, n, BLOCK_P=32, BLOCK_L=128)
+        sum_partials_kernel[(cdiv(n, 128),)](part, out, programs, n, BLOCK_P=32, BLOCK_L=128)
         return out.reshape(shape)
 
     return gx, reduce(dw_part), reduce(db_part)

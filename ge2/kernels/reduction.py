@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ge2.backend.schema import normalize_dims
 from ge2.kernels.elementwise import collapse_dims, div, strided_offsets
-from ge2.runtime import INTERPRETER, autotune
+from ge2.runtime import INTERPRETER, autotune, cdiv
 
 SUM, MAX, ARGMAX = (tl.constexpr(i) for i in range(3))
 _INT64_MIN = tl.constexpr(-(2**63))
@@ -191,7 +191,7 @@ def _launch(x, M, N, m_side, n_side, op, acc, out, index_out=None, index_in=None
     )
     constexprs = dict(OP=op, ACC=_TL_DTYPE[acc], MEAN=mean_count is not None, GATHER_INDEX=index_in is not None,
                       M_RANK=len(m_sizes), N_RANK=len(n_sizes), WIDE=wide)
-    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), split)  # noqa: E731
+    grid = lambda meta: (cdiv(M, meta["BLOCK_M"]), split)  # noqa: E731
     if tuned:
         _reduce_kernel[grid](*args, **constexprs)
     else:  # never tuned: skip the autotuner's per-call bookkeeping, take the config it would pin
@@ -203,11 +203,11 @@ def _splits(M: int, N: int, inner: bool, device: torch.device) -> int:
     """How many column chunks to give each block of rows: enough programs to fill the GPU."""
     target = _target_programs(device.index if device.type == "cuda" else None)
     rows_per_program = 1 if inner else 64  # roughly what the tuned configs of each family take
-    row_programs = triton.cdiv(M, rows_per_program)
+    row_programs = cdiv(M, rows_per_program)
     if row_programs >= target:
         return 1
     by_work = (rows_per_program * N) // SPLIT_MIN_ELEMENTS
-    return max(1, min(triton.cdiv(target, row_programs), by_work))
+    return max(1, min(cdiv(target, row_programs), by_work))
 
 
 def _reduce(name: str, op, x: torch.Tensor, dims, keepdim: bool, out_dtype: torch.dtype, mean: bool = False):
@@ -236,8 +236,8 @@ def _reduce(name: str, op, x: torch.Tensor, dims, keepdim: bool, out_dtype: torc
         if split == 1:
             _launch(x, M, N, m_side, n_side, op, acc, out, index, mean_count=N if mean else None)
         else:
-            chunk = triton.cdiv(triton.cdiv(N, split), 256) * 256  # aligned chunks for vector loads
-            split = triton.cdiv(N, chunk)  # no empty chunk
+            chunk = cdiv(cdiv(N, split), 256) * 256  # aligned chunks for vector loads
+            split = cdiv(N, chunk)  # no empty chunk
             partial = torch.empty((split, M), dtype=acc, device=x.device)
             partial_index = torch.empty((split, M), dtype=torch.int64, device=x.device) if op == ARGMAX else None
             _launch(x, M, N, m_side, n_side, op, acc, partial, partial_index, split=split, chunk=chunk)

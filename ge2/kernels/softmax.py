@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ge2.runtime import autotune
+from ge2.runtime import autotune, cdiv
 
 MAX_FUSED_N = 32768  # longest row kept in registers (32 fp32 per thread at 32 warps)
 ONLINE_BLOCK_N = 4096  # the chunk the online path sweeps a long row with
@@ -260,7 +260,7 @@ def softmax_fwd(x: torch.Tensor, dim: int, *, scale: float = 1.0, mask: torch.Te
                                              BLOCK_N=min(ONLINE_BLOCK_N, max_fused_n), num_warps=8)
     else:
         block_m, block_n = blocks
-        softmax_fwd_kernel[(triton.cdiv(n_rows, block_m),)](*args, HAS_MASK=mask is not x, LOG=log,
+        softmax_fwd_kernel[(cdiv(n_rows, block_m),)](*args, HAS_MASK=mask is not x, LOG=log,
                                                             BLOCK_M=block_m, BLOCK_N=block_n)
     return y
 
@@ -281,5 +281,5 @@ def softmax_bwd(gy: torch.Tensor, y: torch.Tensor, dim: int, *, scale: float = 1
         softmax_bwd_online_kernel[(n_rows,)](*args, LOG=log, BLOCK_N=min(ONLINE_BLOCK_N, max_fused_n), num_warps=8)
     else:
         block_m, block_n = blocks
-        softmax_bwd_kernel[(triton.cdiv(n_rows, block_m),)](*args, LOG=log, BLOCK_M=block_m, BLOCK_N=block_n)
+        softmax_bwd_kernel[(cdiv(n_rows, block_m),)](*args, LOG=log, BLOCK_M=block_m, BLOCK_N=block_n)
     return gx
