@@ -102,6 +102,7 @@ def test_conv2d_weight_gradient_split_is_deterministic(monkeypatch):
     from ge2.kernels import conv as K
 
     monkeypatch.setattr(K, "DW_MIN_SPLIT", 2)
+    monkeypatch.setattr(K, "DW_TARGET_PROGRAMS", 528)
     case = (2, 2, 8, 9, 3, (3, 3), 1, 1, 1, 1)
     assert K._dw_splits(2 * 8, 1)[0] > 1  # steps: one per output row
     _check_conv(case, "nchw", seed=21)
@@ -119,6 +120,7 @@ def test_conv2d_weight_and_bias_gradients_over_splits_with_activation(case, layo
     from ge2.kernels import conv as K
 
     monkeypatch.setattr(K, "DW_MIN_SPLIT", 2)
+    monkeypatch.setattr(K, "DW_TARGET_PROGRAMS", 528)
     assert K._dw_splits(case[0] * case[2], 1)[0] > 2  # steps: one per output row
     _check_conv(case, layout, act="relu", seed=27)
     _check_conv(case, layout, act="gelu", seed=28)
