@@ -86,6 +86,35 @@ def test_forward_every_combination(act, bias_kind, trans_a, trans_b):
         assert z is None  # act' comes from Y: no Z stash
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("act,bias_kind,trans_a,with_c", [("gelu", "per_n", False, True), ("relu", "per_m", True, False),
+                                                          ("none", "scalar", False, False)])
+def test_split_k(act, bias_kind, trans_a, with_c, dtype, monkeypatch):
+    """Few output tiles and a long K: K is split over programs whose fp32 partials are added in a
+    second pass with the epilogue; chunk edges and a short last chunk included."""
+    if LARGE:  # the first FC layer of the training benchmark's CNN, at the real thresholds
+        M, N, K = 64, 128, 3136
+    else:  # the interpreter's 32-deep steps: chunks of 32, the last one 4 long
+        monkeypatch.setattr(gemm_kernels, "SPLIT_K_MIN_K", 16)
+        monkeypatch.setattr(gemm_kernels, "SPLIT_K_CHUNK", 32)
+        M, N, K = 5, 9, 100
+    splits, chunk = gemm_kernels._split_k(M, N, K, 1, DEVICE)
+    assert splits > 1 and (splits - 1) * chunk < K <= splits * chunk, (splits, chunk)
+    a = _operand(M, K, trans_a, dtype=dtype, noncontig=True, seed=5)
+    b = _operand(K, N, True, dtype=dtype, seed=6)
+    c = randn(M, N, dtype=dtype, seed=7) if with_c else None
+    bias = _bias(bias_kind, M, N, dtype, seed=8)
+    attrs = dict(trans_a=trans_a, trans_b=True, alpha=0.5, beta=0.25 if with_c else 0.0, bias_kind=bias_kind,
+                 act=act, act_alpha=0.01)
+    y, z = call("gemm", a, b, c, bias, save_z=True, **attrs)
+    y64, z64 = _reference(a, b, c, bias, dtype=torch.float64, **attrs)
+    y_torch, _ = _reference(a, b, c, bias, **attrs)
+    assert y.shape == (M, N) and y.dtype == dtype
+    assert_matches(y, y64, y_torch, name=f"split-k y {dtype}")
+    if z is not None:
+        assert_matches(z, z64, name="split-k z")
+
+
 def test_forward_batched_broadcast_and_strided():
     B, M, N, K = 3, 9, 6, 13
     a = randn(B, M, K, noncontig=True, seed=1)

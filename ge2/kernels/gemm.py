@@ -85,6 +85,14 @@ CONFIGS_FMA = [
 # tf32: round operands to nearest before the tensor cores (cuBLAS's numerics); the bench turns
 # this off once to measure what the rounding costs.
 ROUND_TF32 = True
+# Split-K: a GEMM whose output has too few tiles to fill the GPU but a long reduction (the
+# 64x128x3136 first FC layer of a small CNN: 2 tiles, each walking K alone for ~30 us) splits K
+# over up to SPLIT_K_MAX programs per tile, chunks of at least SPLIT_K_CHUNK, and adds the fp32
+# partial sums in a second, fixed-order pass (deterministic, no atomics).
+SPLIT_K_MIN_K = 512
+SPLIT_K_CHUNK = 128
+SPLIT_K_MAX = 32
+SPLIT_EPILOGUE_BLOCK = 64
 # Problems under this many multiply-adds are launch-bound: one small config, no tuning.
 SMALL_PROBLEM = 1 << 24
 SMALL_CONFIG = tile_config(64, 64, 32, 4, 3)
@@ -108,7 +116,7 @@ def _prune(configs, named_args, **_kwargs):
 
 
 def _even_k(args) -> bool:
-    return args["K"] % args["BLOCK_K"] == 0
+    return args["K"] % args["BLOCK_K"] == 0 and args["K_CHUNK"] % args["BLOCK_K"] == 0
 
 
 @triton.jit
@@ -196,11 +204,11 @@ def gemm_epilogue_kernel(
     stride_bb, stride_bk, stride_bn,
     stride_cb, stride_cm, stride_cn,
     stride_yb, stride_ym, stride_yn,
-    stride_bias,
+    stride_bias, K_CHUNK,
     alpha, beta, act_alpha,
     HAS_C: tl.constexpr, BIAS_KIND: tl.constexpr, ACT: tl.constexpr, SAVE_Z: tl.constexpr,
-    REDUCE_BATCH: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND_TF32: tl.constexpr,
-    ACC_DTYPE: tl.constexpr,
+    REDUCE_BATCH: tl.constexpr, SPLIT_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    ROUND_TF32: tl.constexpr, ACC_DTYPE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
 ):
@@ -208,6 +216,9 @@ def gemm_epilogue_kernel(
 
     grid = (tiles, batch); with REDUCE_BATCH, grid = (tiles, 1) and the batch is summed inside
     the reduction loop (Y = sum_b A[b] @ B[b]), which is how a broadcast operand's gradient is made.
+    With SPLIT_K, grid = (tiles, splits): program (t, s) reduces K[s*K_CHUNK : (s+1)*K_CHUNK] and
+    stores its raw fp32 sum into Y[s] (a [splits, M, N] buffer); ``split_k_epilogue_kernel`` adds
+    the splits in a fixed order and applies the epilogue.
     """
     pid = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)  # batch offsets can pass 2**31 elements
@@ -230,13 +241,43 @@ def gemm_epilogue_kernel(
                             BLOCK_K, EVEN_K, PRECISION, UPCAST, ROUND_TF32)
             a_batch += stride_ab
             b_batch += stride_bb
+    elif SPLIT_K:
+        k0 = pid_b * K_CHUNK
+        acc = _tile_dot(acc, a_ptr + k0 * stride_ak + a_tile, b_ptr + k0 * stride_bk + b_tile,
+                        tl.minimum(K_CHUNK, K - k0), stride_ak, stride_bk, BLOCK_K, EVEN_K, PRECISION, UPCAST,
+                        ROUND_TF32)
     else:
         acc = _tile_dot(acc, a_ptr + pid_b * stride_ab + a_tile, b_ptr + pid_b * stride_bb + b_tile,
                         K, stride_ak, stride_bk, BLOCK_K, EVEN_K, PRECISION, UPCAST, ROUND_TF32)
 
-    _epilogue(acc, offs_m, offs_n, M, N, c_ptr + pid_b * stride_cb, stride_cm, stride_cn, bias_ptr, stride_bias,
-              y_ptr + pid_b * stride_yb, z_ptr + pid_b * stride_yb, stride_ym, stride_yn, alpha, beta, act_alpha,
-              HAS_C, BIAS_KIND, ACT, SAVE_Z)
+    if SPLIT_K:
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        tl.store(y_ptr + pid_b * stride_yb + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn, acc, mask=mask)
+    else:
+        _epilogue(acc, offs_m, offs_n, M, N, c_ptr + pid_b * stride_cb, stride_cm, stride_cn, bias_ptr, stride_bias,
+                  y_ptr + pid_b * stride_yb, z_ptr + pid_b * stride_yb, stride_ym, stride_yn, alpha, beta, act_alpha,
+                  HAS_C, BIAS_KIND, ACT, SAVE_Z)
+
+
+@triton.jit
+def split_k_epilogue_kernel(
+    part_ptr, c_ptr, bias_ptr, y_ptr, z_ptr, M, N, SPLITS,
+    stride_cm, stride_cn, stride_ym, stride_yn, stride_bias,
+    alpha, beta, act_alpha,
+    HAS_C: tl.constexpr, BIAS_KIND: tl.constexpr, ACT: tl.constexpr, SAVE_Z: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Y = act(alpha * sum_s part[s] + beta * C + bias) for one tile; part is [SPLITS, M, N] contiguous."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    ptrs = part_ptr + offs_m[:, None] * N + offs_n[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=part_ptr.dtype.element_ty)
+    for _ in range(0, SPLITS):  # fixed order: the result does not depend on scheduling
+        acc += tl.load(ptrs, mask=mask, other=0.0)
+        ptrs += M * N
+    _epilogue(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn, bias_ptr, stride_bias,
+              y_ptr, z_ptr, stride_ym, stride_yn, alpha, beta, act_alpha, HAS_C, BIAS_KIND, ACT, SAVE_Z)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -390,14 +431,36 @@ def gemm_tma_kernel(
                       y_ptr, z_ptr, stride_ym, stride_yn, alpha, beta, act_alpha, HAS_C, BIAS_KIND, ACT, SAVE_Z)
 
 
-_SM_COUNT: dict[int, int] = {}  # Hopper+ devices -> SM count; 0 for older ones (no TMA path)
+_SM_COUNT: dict[int, tuple[int, int]] = {}  # device index -> (SMs, compute capability major)
+INTERPRETER_SMS = 132  # what the interpreter pretends to have, so that it takes the GPU's decisions
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    if device.index not in _SM_COUNT:
+        props = torch.cuda.get_device_properties(device)
+        _SM_COUNT[device.index] = (props.multi_processor_count, props.major)
+    return _SM_COUNT[device.index][0]
 
 
 def _tma_sms(device: torch.device) -> int:
-    if device.index not in _SM_COUNT:
-        props = torch.cuda.get_device_properties(device)
-        _SM_COUNT[device.index] = props.multi_processor_count if props.major >= 9 else 0
-    return _SM_COUNT[device.index]
+    """The SM count on Hopper+ GPUs (persistent TMA grid), 0 elsewhere (no TMA path)."""
+    sms = _sm_count(device)
+    return sms if device.type == "cuda" and _SM_COUNT[device.index][1] >= 9 else 0
+
+
+def _split_k(M: int, N: int, K: int, batch: int, device: torch.device) -> tuple[int, int]:
+    """(splits, chunk) of K for one GEMM: (1, K) unless too few output tiles meet a long K."""
+    if batch != 1 or K < SPLIT_K_MIN_K:
+        return 1, K
+    sms = _sm_count(device)
+    tiles = runtime.cdiv(M, 64) * runtime.cdiv(N, 64)
+    splits = min(SPLIT_K_MAX, sms // tiles, runtime.cdiv(K, SPLIT_K_CHUNK))
+    if tiles * 2 > sms or splits < 2:
+        return 1, K
+    chunk = runtime.cdiv(runtime.cdiv(K, splits), SPLIT_K_CHUNK) * SPLIT_K_CHUNK
+    return runtime.cdiv(K, chunk), chunk
 
 
 def _tma_descriptors(a_view, b_view, round_tf32: bool = False):
@@ -480,6 +543,11 @@ def _launch(a_view, b_view, y, *, z=None, c=None, bias=None, bias_kind=0, act=0,
         a_view, b_view = _k_major(a_view, "a"), _k_major(b_view, "b")
         a, (sab, sam, sak) = a_view[0], a_view[1]
         b, (sbb, sbk, sbn) = b_view[0], b_view[1]
+    splits, chunk = (1, K) if reduce_batch else _split_k(M, N, K, batch, a.device)
+    if splits > 1:
+        _launch_split_k(a_view, b_view, y, splits, chunk, z=z, c=c, bias=bias, bias_kind=bias_kind, act=act,
+                        act_alpha=act_alpha, alpha=alpha, beta=beta, precision=precision, round_tf32=round_tf32)
+        return
     tma = (_tma_descriptors(a_view, b_view, round_tf32) if USE_TMA and not reduce_batch and precision != "ieee"
            and not runtime.is_interpreter() and M * N * K >= SMALL_PROBLEM and _tma_sms(a.device) else None)
     if tma is not None:
@@ -506,13 +574,46 @@ def _launch(a_view, b_view, y, *, z=None, c=None, bias=None, bias_kind=0, act=0,
         a, b, c if c is not None else y, bias if bias is not None else y, y, z if z is not None else y,
         M, N, K, batch,
         sab, sam, sak, sbb, sbk, sbn, *cs, *ys,
-        bias.stride(0) if bias is not None and bias.dim() == 1 else 0,
+        bias.stride(0) if bias is not None and bias.dim() == 1 else 0, K,
         float(alpha), float(beta), float(act_alpha),
         HAS_C=c is not None, BIAS_KIND=bias_kind, ACT=act, SAVE_Z=z is not None,
-        REDUCE_BATCH=reduce_batch, PRECISION=precision,
+        REDUCE_BATCH=reduce_batch, SPLIT_K=False, PRECISION=precision,
         UPCAST=runtime.is_interpreter() and a.element_size() <= 2,
         ROUND_TF32=round_tf32,
         ACC_DTYPE=tl.float64 if a.dtype == torch.float64 else tl.float32,
+    )
+
+
+def _launch_split_k(a_view, b_view, y, splits: int, chunk: int, *, z, c, bias, bias_kind: int, act: int,
+                    act_alpha: float, alpha: float, beta: float, precision: str, round_tf32: bool) -> None:
+    """A 2-D GEMM as ``splits`` K-chunks of ``chunk`` into an fp32 (fp64) [splits, M, N] buffer, then
+    one pass that adds them in order and applies the epilogue."""
+    a, (_, sam, sak), _, M, K = a_view
+    b, (_, sbk, sbn), _, _, N = b_view
+    acc_dtype = torch.float64 if a.dtype == torch.float64 else torch.float32
+    part = torch.empty((splits, M, N), dtype=acc_dtype, device=a.device)
+    grid = lambda meta: (runtime.cdiv(M, meta["BLOCK_M"]) * runtime.cdiv(N, meta["BLOCK_N"]), splits)  # noqa: E731
+    gemm_epilogue_kernel[grid](
+        a, b, part, part, part, part,
+        M, N, K, splits,
+        0, sam, sak, 0, sbk, sbn, 0, 0, 0, M * N, N, 1,
+        0, chunk,
+        1.0, 0.0, 0.0,
+        HAS_C=False, BIAS_KIND=0, ACT=0, SAVE_Z=False,
+        REDUCE_BATCH=False, SPLIT_K=True, PRECISION=precision,
+        UPCAST=runtime.is_interpreter() and a.element_size() <= 2,
+        ROUND_TF32=round_tf32,
+        ACC_DTYPE=tl.float64 if acc_dtype == torch.float64 else tl.float32,
+    )
+    blk = SPLIT_EPILOGUE_BLOCK
+    split_k_epilogue_kernel[(runtime.cdiv(M, blk), runtime.cdiv(N, blk))](
+        part, c if c is not None else y, bias if bias is not None else y, y, z if z is not None else y,
+        M, N, splits,
+        c.stride(-2) if c is not None else 0, c.stride(-1) if c is not None else 0, y.stride(-2), y.stride(-1),
+        bias.stride(0) if bias is not None and bias.dim() == 1 else 0,
+        float(alpha), float(beta), float(act_alpha),
+        HAS_C=c is not None, BIAS_KIND=bias_kind, ACT=act, SAVE_Z=z is not None,
+        BLOCK_M=blk, BLOCK_N=blk,
     )
 
 
