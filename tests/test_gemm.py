@@ -309,6 +309,7 @@ def test_layouts_forward_backward(dtype, precision, trans_a, trans_b, monkeypatc
     M, N, K = (1000, 520, 776) if LARGE else (37, 29, 45)
     if ge2.is_interpreter():  # take the large-problem paths (the K-major copies) at this size too
         monkeypatch.setattr(gemm_kernels, "SMALL_PROBLEM", 0)
+        monkeypatch.setattr(gemm_kernels, "KMAJOR_COPY_MIN", 0)
     a = _operand(M, K, trans_a, dtype=dtype, seed=21)
     b = _operand(K, N, trans_b, dtype=dtype, seed=22)
     c, bias = randn(M, N, dtype=dtype, seed=23), _bias("per_m", M, N, dtype, seed=24)
