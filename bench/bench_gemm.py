@@ -15,8 +15,12 @@ so op(B) = W^T is K-major), bias [N]. Columns, each a median of triton's do_benc
 captured training step sees); ``--mode end2end`` starts from host tensors and includes the copies
 in and out, launched eagerly. Ratios are torch time / ge2 time (> 1: ge2 faster). Run on the GPU:
 
-    PYTHONPATH=. python3 bench/bench_gemm.py [--mode kernel] [--shapes main|sweep|all] [--dtypes bf16,fp16,tf32,ieee]
+    PYTHONPATH=. python3 bench/bench_gemm.py [--mode kernel] [--shapes main|sweep|all|mlp] [--dtypes bf16,fp16,tf32,ieee,tf32x3]
         [--only 8192x4096x4096,...] [--bwd all|none|8192x1024x4096,...] [--precompile]
+
+Kernel-mode forward rows also record each side's error against float64 (``ge2_error``, ``lt_error``:
+max |error| / max |result|); ``--shapes mlp --dtypes tf32x3,ieee,tf32`` measures the fp32 modes on
+the training benchmark's layers (torch runs full fp32 except in the tf32 rows).
 
 ``--precompile`` first compiles every TMA config of the selected rows in parallel processes, one
 config each (into Triton's on-disk cache): Triton's autotuner compiles one config after the other,
@@ -45,12 +49,17 @@ MAIN_SHAPES = [  # (M, N, K, act)
     (512, 784, 1024, "relu"),
 ]
 SWEEP_SHAPES = [(n, n, n, "relu") for n in (256, 512, 1024, 2048, 4096, 8192)]
+# The training benchmark's fp32 layers (bench_train.py): MLP 784-1024-1024 at batch 64/512/4096 and
+# the CNN's 3136->128 FC at batch 64 (few tiles, long K: split-K).
+MLP_SHAPES = [(512, 1024, 784, "relu"), (512, 1024, 1024, "relu"), (4096, 1024, 1024, "relu"),
+              (64, 1024, 784, "relu"), (64, 128, 3136, "relu")]
 DTYPES = {  # name -> (torch dtype, fp32 precision)
     "bf16": (torch.bfloat16, "ieee"),
     "fp16": (torch.float16, "ieee"),
     "tf32": (torch.float32, "tf32"),
     "tf32-trunc": (torch.float32, "tf32"),  # operands truncated by the tensor cores, not rounded
     "ieee": (torch.float32, "ieee"),
+    "tf32x3": (torch.float32, "tf32x3"),  # ge2's default for fp32; torch side: full fp32
 }
 TORCH_ACT = {"relu": F.relu, "gelu": F.gelu}
 
@@ -143,6 +152,10 @@ def bench_shape(bench: Bench, M: int, N: int, K: int, act: str, dtype_name: str,
     if forward:
         row = bench.add({**labels, "pass": "fwd"}, flops=2.0 * M * N * K, **fns)
         row["config"] = config
+        if mode == "kernel":  # max |error| / max |float64 result|, ge2 and cuBLASLt in this row's mode
+            ref = torch_act(x.double() @ w.double().t() + b.double())
+            for name, fn in (("ge2", ge2_fwd), ("lt", lt)):
+                row[f"{name}_error"] = ((fn().double() - ref).abs().max() / ref.abs().max()).item()
         if len(getattr(tuner, "tuned_keys", [])) > tuned_before:  # this row tuned the TMA kernel: keep every time
             row["tuning_ms"] = _tuning_times(tuner)
 
@@ -190,6 +203,11 @@ def _rows(args) -> list[tuple[int, int, int, str, str, bool, bool, bool]]:
                 backward = dtype_name != "tf32-trunc" and ((args.bwd == "all" and forward) or shape in bwd)
                 if forward or backward:
                     rows.append((M, N, K, act, dtype_name, forward, backward, False))
+    if args.shapes == "mlp":
+        for dtype_name in args.dtypes.split(","):
+            for M, N, K, act in MLP_SHAPES:
+                backward = args.bwd == "all"
+                rows.append((M, N, K, act, dtype_name, True, backward, False))
     if args.shapes in ("sweep", "all"):
         for dtype_name in args.sweep_dtypes.split(","):
             for M, N, K, act in SWEEP_SHAPES:
@@ -227,7 +245,7 @@ def _run_pinned(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mode", choices=("kernel", "end2end"), default="kernel")
-    parser.add_argument("--shapes", choices=("main", "sweep", "all"), default="main")
+    parser.add_argument("--shapes", choices=("main", "sweep", "all", "mlp"), default="main")
     parser.add_argument("--dtypes", default="bf16,fp16,tf32,ieee")
     parser.add_argument("--sweep-dtypes", default="bf16,tf32")
     parser.add_argument("--compile", action="store_true", help="add a torch.compile column (slow to build)")
