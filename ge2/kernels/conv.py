@@ -116,6 +116,17 @@ CONFIGS_DIRECT = [
 # or an MNIST stem's 9 columns) whose 64-wide tiles were half padding.
 CONFIGS_DW_16 = CONFIGS_TAP_16 + [tile_config(64, 32, 64, 4, 4)]
 CONFIGS_DW_32 = CONFIGS_TAP_32 + [tile_config(64, 32, 32, 4, 4)]
+# Direct (CUDA-core FMA) dW tiles [out channels, columns] for fp32 (``_dw_direct``); BLOCK_K is
+# unused. The accumulator is [BLOCK_M, BLOCK_N, QB] (the pixel axis is summed once, at the end),
+# so the launcher keeps the configs whose accumulator is at most DW_DIRECT_ACC_REGS per thread.
+CONFIGS_DW_DIRECT = [
+    tile_config(32, 16, 16, 8, 1),
+    tile_config(16, 16, 16, 4, 1),
+    tile_config(32, 32, 16, 8, 1),
+    tile_config(16, 32, 16, 4, 1),
+    tile_config(64, 16, 16, 8, 1),
+]
+DW_DIRECT_ACC_REGS = 64
 # The interpreter runs one pinned config. Its cost is per program and per step, nearly independent
 # of tile size, so M is 64 wide (an 8x8 MNIST-like batch of 64 takes 64 programs, not 128); K stays
 # 16 deep so that the tests' 20-channel case still walks two channel blocks.
@@ -167,6 +178,12 @@ def _prune_dw(configs, named_args, **kwargs):
     a = named_args
     macs = a["N"] * a["P"] * a["Q"] * a["K"] * a["Cg"] * a["R"] * a["S"]
     n = a["Cg"] if kwargs.get("PER_TAP") else a["Cg"] * a["R"] * a["S"]
+    if kwargs.get("DIRECT"):
+        keep = [c for c in configs if c in CONFIGS_DW_DIRECT and c.kwargs["BLOCK_M"] <= max(16, _next_pow2(a["Kg"]))
+                and c.kwargs["BLOCK_N"] <= max(16, _next_pow2(n))
+                and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] * kwargs["QB"] <= DW_DIRECT_ACC_REGS * 32 * c.num_warps]
+        keep = keep or CONFIGS_DW_DIRECT[:1]
+        return keep[:1] if macs < SMALL_PROBLEM // 4 else keep
     space = CONFIGS_DW_16 if a["x_ptr"].element_size() <= 2 else CONFIGS_DW_32
     keep = [c for c in configs if c in space and c.kwargs["BLOCK_M"] <= max(64, _next_pow2(a["Kg"]))
             and c.kwargs["BLOCK_N"] <= max(32, _next_pow2(n))] or space[-1:]
@@ -369,7 +386,8 @@ def _dw_gz_tile(gy_ptr, saved_ptr, offs_k, k_ok, n, p, q, q_ok, sgn, sgk, sgp, s
     return g
 
 
-@runtime.autotune(CONFIGS_DW_16 + CONFIGS_DW_32, key=_CONV_KEY + ["SPLIT_LEN", "PER_TAP", "ACT", "HAS_DB", "QB"],
+@runtime.autotune(CONFIGS_DW_16 + CONFIGS_DW_32 + CONFIGS_DW_DIRECT,
+                  key=_CONV_KEY + ["SPLIT_LEN", "PER_TAP", "ACT", "HAS_DB", "QB", "DIRECT"],
                   default=INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_dw},
                   do_bench=tuning_bench)
 @triton.jit(do_not_specialize=_SIZES + ["SPLIT_LEN", "ROW"])
@@ -379,7 +397,7 @@ def conv2d_dw_kernel(
     sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, sxn, sxc, sxh, sxw,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, act_alpha,
     ACT: tl.constexpr, FROM_Z: tl.constexpr, HAS_DB: tl.constexpr, QB: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, PER_TAP: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, PER_TAP: tl.constexpr, DIRECT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """A [BLOCK_M out channels, BLOCK_N] tile of dW over reduction steps [split*SPLIT_LEN,
@@ -389,7 +407,8 @@ def conv2d_dw_kernel(
     (n, p) = divmod(t // ceil(Q/QB), P) and columns q in a QB-wide block of it, so per step only
     scalars are decoded and the pixel offsets are a vector add (decoding every element's
     (n, p, q) by integer division in the loop made the step several times slower than its
-    loads). The config's BLOCK_K is unused: the reduction step is QB pixels.
+    loads). The config's BLOCK_K is unused: the reduction step is QB pixels. DIRECT (fp32): CUDA-core
+    FMAs instead of tl.dot (``_dw_tile``), exact fp32 in every precision mode.
 
     PER_TAP: program_id(1) = g*R*S + tap and the N columns are the group's Cg input channels;
     else program_id(1) = g and the columns are (c, r, s) flattened. With HAS_DB, program_id(1) =
@@ -438,12 +457,12 @@ def conv2d_dw_kernel(
             _dw_tile(gy_ptr, saved_ptr, x_ptr, out_row, H, W, P, Q, R, S, Cg, CRS, QBLKS, g, rs, k_abs, mask_m,
                      offs_n, mask_n, offs_q, lo, hi, sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, sxn, sxc, sxh, sxw,
                      stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, act_alpha,
-                     ACT, FROM_Z, PRECISION, UPCAST, PER_TAP, QB, BLOCK_M, BLOCK_N)
+                     ACT, FROM_Z, PRECISION, UPCAST, PER_TAP, DIRECT, QB, BLOCK_M, BLOCK_N)
     else:
         _dw_tile(gy_ptr, saved_ptr, x_ptr, out_row, H, W, P, Q, R, S, Cg, CRS, QBLKS, g, rs, k_abs, mask_m,
                  offs_n, mask_n, offs_q, lo, hi, sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, sxn, sxc, sxh, sxw,
                  stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, act_alpha,
-                 ACT, FROM_Z, PRECISION, UPCAST, PER_TAP, QB, BLOCK_M, BLOCK_N)
+                 ACT, FROM_Z, PRECISION, UPCAST, PER_TAP, DIRECT, QB, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -451,8 +470,16 @@ def _dw_tile(gy_ptr, saved_ptr, x_ptr, out_row, H, W, P, Q, R, S, Cg, CRS, QBLKS
              mask_n, offs_q, lo, hi, sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, sxn, sxc, sxh, sxw,
              stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, act_alpha,
              ACT: tl.constexpr, FROM_Z: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-             PER_TAP: tl.constexpr, QB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """conv2d_dw_kernel's GEMM: one [BLOCK_M, BLOCK_N] tile of dW over steps [lo, hi), stored in out_row."""
+             PER_TAP: tl.constexpr, DIRECT: tl.constexpr, QB: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr):
+    """conv2d_dw_kernel's GEMM: one [BLOCK_M, BLOCK_N] tile of dW over steps [lo, hi), stored in out_row.
+
+    DIRECT: acc3[k, col, q] += gZ[k, q] * X[col, q] on the CUDA cores (no tensor-core step, no
+    shared memory; the q axis is summed once after the loop), with the next step's loads issued
+    before this step's FMAs (a step's work is far shorter than a load's latency). For fp32 with
+    small outputs or short reductions: a tf32x3 dot is three tensor-core passes routed through
+    registers every step, and an MNIST stem's [32, 9] dW wastes most of a 32-wide MMA tile.
+    """
     if PER_TAP:
         c = offs_n
         r = rs // S + offs_n * 0
@@ -464,6 +491,70 @@ def _dw_tile(gy_ptr, saved_ptr, x_ptr, out_row, H, W, P, Q, R, S, Cg, CRS, QBLKS
     x_cols = x_ptr + (g * Cg + c).to(tl.int64) * sxc  # [BLOCK_N]
     col_h = r * dil_h - pad_h  # input row of column (c, r, s) is p*sh + col_h
     col_w = s * dil_w - pad_w
+    if DIRECT:
+        acc3 = tl.zeros((BLOCK_M, BLOCK_N, QB), dtype=tl.float32)
+        g, sv, b = _dw_direct_loads(gy_ptr, saved_ptr, x_cols, lo, lo < hi, QBLKS, H, W, P, Q, k_abs, mask_m,
+                                    mask_n, offs_q, col_h, col_w, sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq,
+                                    sxn, sxh, sxw, stride_h, stride_w, ACT, QB)
+        for t in range(lo, hi):
+            g1, sv1, b1 = _dw_direct_loads(gy_ptr, saved_ptr, x_cols, t + 1, t + 1 < hi, QBLKS, H, W, P, Q, k_abs,
+                                           mask_m, mask_n, offs_q, col_h, col_w, sgn, sgk, sgp, sgq,
+                                           ssn, ssk, ssp, ssq, sxn, sxh, sxw, stride_h, stride_w, ACT, QB)
+            a = _gz_combine(g, sv, act_alpha, ACT, FROM_Z).to(tl.float32)
+            acc3 += a[:, None, :] * b.to(tl.float32)[None, :, :]
+            g, sv, b = g1, sv1, b1
+        acc = tl.sum(acc3, axis=2)
+    else:
+        acc = _dw_dot_loop(gy_ptr, saved_ptr, x_cols, H, W, P, Q, QBLKS, k_abs, mask_m, mask_n, offs_q, col_h,
+                           col_w, lo, hi, sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, sxn, sxh, sxw,
+                           stride_h, stride_w, act_alpha, ACT, FROM_Z, PRECISION, UPCAST, QB, BLOCK_M, BLOCK_N)
+    col = c * (R * S) + r * S + s  # (c, r, s) within [Cg, R, S]
+    tl.store(out_row + (k_abs * CRS)[:, None].to(tl.int64) + col[None, :], acc.to(out_row.dtype.element_ty),
+             mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _gz_combine(g, sv, act_alpha, ACT: tl.constexpr, FROM_Z: tl.constexpr):
+    """gZ = gY * act'(saved) of loaded tiles (gY itself when ACT is none)."""
+    if ACT != 0:
+        if FROM_Z:
+            g = g.to(tl.float32) * act_grad_from_z(sv.to(tl.float32), ACT, act_alpha)
+        else:
+            g = g.to(tl.float32) * act_grad_from_y(sv.to(tl.float32), ACT, act_alpha)
+    return g
+
+
+@triton.jit
+def _dw_direct_loads(gy_ptr, saved_ptr, x_cols, t, ok, QBLKS, H, W, P, Q, k_abs, mask_m, mask_n, offs_q, col_h,
+                     col_w, sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, sxn, sxh, sxw, stride_h, stride_w,
+                     ACT: tl.constexpr, QB: tl.constexpr):
+    """Step t's raw tiles for the direct dW: gY and saved [BLOCK_M, QB] (saved is gY when ACT is
+    none) and X [BLOCK_N, QB] (columns shifted by their taps); all zero when not ``ok``."""
+    row = t // QBLKS
+    n64 = (row // P).to(tl.int64)
+    p = row % P
+    q = (t % QBLKS) * QB + offs_q
+    q_ok = (q < Q) & ok
+    mask = mask_m[:, None] & q_ok[None, :]
+    k64 = k_abs.to(tl.int64)[:, None]
+    g = tl.load(gy_ptr + (n64 * sgn + p * sgp) + k64 * sgk + (q * sgq)[None, :], mask=mask, other=0.0)
+    if ACT != 0:
+        sv = tl.load(saved_ptr + (n64 * ssn + p * ssp) + k64 * ssk + (q * ssq)[None, :], mask=mask, other=0.0)
+    else:
+        sv = g
+    hx = p * stride_h + col_h  # [BLOCK_N]
+    wx = col_w[:, None] + (q * stride_w)[None, :]  # [BLOCK_N, QB]
+    x_ok = (mask_n & (hx >= 0) & (hx < H))[:, None] & q_ok[None, :] & (wx >= 0) & (wx < W)
+    b = tl.load(x_cols[:, None] + n64 * sxn + (hx * sxh)[:, None] + wx * sxw, mask=x_ok, other=0.0)
+    return g, sv, b
+
+
+@triton.jit
+def _dw_dot_loop(gy_ptr, saved_ptr, x_cols, H, W, P, Q, QBLKS, k_abs, mask_m, mask_n, offs_q, col_h, col_w, lo, hi,
+                 sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, sxn, sxh, sxw, stride_h, stride_w, act_alpha,
+                 ACT: tl.constexpr, FROM_Z: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                 QB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The tensor-core dW loop: acc [BLOCK_M, BLOCK_N] = sum over steps [lo, hi) of gZ [BLOCK_M, QB] @ X [QB, BLOCK_N]."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for t in range(lo, hi):
         row = t // QBLKS
@@ -472,7 +563,7 @@ def _dw_tile(gy_ptr, saved_ptr, x_ptr, out_row, H, W, P, Q, R, S, Cg, CRS, QBLKS
         q = (t % QBLKS) * QB + offs_q
         q_ok = q < Q
         a = _dw_gz_tile(gy_ptr, saved_ptr, k_abs, mask_m, n, p, q, q_ok, sgn, sgk, sgp, sgq,
-                        ssn, ssk, ssp, ssq, act_alpha, ACT, FROM_Z).to(x_ptr.dtype.element_ty)
+                        ssn, ssk, ssp, ssq, act_alpha, ACT, FROM_Z).to(x_cols.dtype.element_ty)
         hx = p * stride_h + col_h  # [BLOCK_N]
         wx = (q * stride_w)[:, None] + col_w[None, :]  # [QB, BLOCK_N]
         x_ok = q_ok[:, None] & (mask_n & (hx >= 0) & (hx < H))[None, :] & (wx >= 0) & (wx < W)
@@ -481,9 +572,7 @@ def _dw_tile(gy_ptr, saved_ptr, x_ptr, out_row, H, W, P, Q, R, S, Cg, CRS, QBLKS
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=tl.float32)
-    col = c * (R * S) + r * S + s  # (c, r, s) within [Cg, R, S]
-    tl.store(out_row + (k_abs * CRS)[:, None].to(tl.int64) + col[None, :], acc.to(out_row.dtype.element_ty),
-             mask=mask_m[:, None] & mask_n[None, :])
+    return acc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -738,6 +827,10 @@ DW_MIN_SPLIT = 4
 DW_TARGET_PROGRAMS = 1 if runtime.is_interpreter() else 528
 DW_MAX_SPLITS = 128
 DW_PARTIAL_FLOATS = 1 << 20
+# fp32 dW runs on the CUDA cores (``DIRECT`` in ``conv2d_dw_kernel``: exact fp32) up to this many
+# multiply-adds, per matmul precision; above it the tensor-core loop. tf32x3's dot is three
+# register-routed tensor-core passes per step, so the FMA loop wins far longer there.
+DW_DIRECT_MACS = {"ieee": 1 << 28, "tf32x3": 1 << 28, "tf32": 1 << 25}
 # The depthwise dW (a direct reduction, 8+ rows per split) aims at ~2 waves.
 DEPTHWISE_DW_TARGET_PROGRAMS = 264
 
@@ -851,7 +944,11 @@ def _dw(gy: torch.Tensor, saved: torch.Tensor | None, x: torch.Tensor, weight: t
     taps = R * S if per_tap else 1
     ncols = Cg if per_tap else CRS
     tiles = triton.cdiv(Kg, 64) * triton.cdiv(ncols, 32) * geo.groups * taps
-    qb = min(max(_next_pow2(Q), 16), 64)  # the reduction step: a QB-wide segment of one output row
+    numerics = _numerics(x.dtype)
+    direct = x.dtype == torch.float32 and L * K * CRS <= DW_DIRECT_MACS.get(numerics["PRECISION"], 0)
+    # The reduction step: a QB-wide segment of one output row (direct: at most 32, the
+    # accumulator holds QB partial sums per dW element).
+    qb = min(max(_next_pow2(Q), 16), 32 if direct else 64)
     steps = Nb * P * triton.cdiv(Q, qb)
     splits, split_len = _dw_splits(steps, tiles, row, gy.numel())
     out = flat if splits == 1 else torch.empty((splits, row), dtype=torch.float32, device=flat.device)
@@ -861,7 +958,7 @@ def _dw(gy: torch.Tensor, saved: torch.Tensor | None, x: torch.Tensor, weight: t
     conv2d_dw_kernel[grid](
         gy, sv, x, out, Nb, C, H, W, K, P, Q, R, S, Cg, Kg, split_len, row,
         *gy.stride(), *sv.stride(), *x.stride(), *geo.stride, *geo.pad, *geo.dilation, float(act_alpha),
-        ACT=code, FROM_Z=from_z, HAS_DB=with_db, QB=qb, PER_TAP=per_tap, **_numerics(x.dtype))
+        ACT=code, FROM_Z=from_z, HAS_DB=with_db, QB=qb, PER_TAP=per_tap, DIRECT=direct, **numerics)
     if splits > 1:
         _sum_splits(out, flat)
     return dw, db
