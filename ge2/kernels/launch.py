@@ -48,11 +48,13 @@ _PLAIN = frozenset((int, bool, str, tuple, type(None)))
 def _spec(value: Any) -> Any:
     """What the compiled kernel and its scalar arguments depend on, for one argument."""
     kind = type(value)
-    if kind in _PLAIN:  # the common case first: most arguments are sizes, strides and flags
+    if kind is torch.Tensor:  # ints never get here (``run`` keys them as themselves): tensors next
+        return value.dtype, value.data_ptr() & 15 == 0
+    if kind in _PLAIN:
         return kind, value  # True == 1, but Triton types a bool argument differently from an int
     if kind is float:  # 0.0 == -0.0, but a replay must pass the very value
         return float, value, math.copysign(1.0, value)
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, torch.Tensor):  # subclasses
         return value.dtype, value.data_ptr() & 15 == 0
     base = getattr(value, "base", None)
     if isinstance(base, torch.Tensor):  # a TMA TensorDescriptor: the launcher encodes it per launch
