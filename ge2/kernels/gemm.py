@@ -557,7 +557,8 @@ def _launch(a_view, b_view, y, *, z=None, c=None, bias=None, bias_kind=0, act=0,
         _launch_split_k(a_view, b_view, y, splits, chunk, z=z, c=c, bias=bias, bias_kind=bias_kind, act=act,
                         act_alpha=act_alpha, alpha=alpha, beta=beta, precision=precision, round_tf32=round_tf32)
         return
-    tma = (_tma_descriptors(a_view, b_view, round_tf32) if USE_TMA and not reduce_batch and precision != "ieee"
+    fma = a.dtype == torch.float32 and precision == "ieee"  # CUDA-core tiles: TMA buys nothing there
+    tma = (_tma_descriptors(a_view, b_view, round_tf32) if USE_TMA and not reduce_batch and not fma
            and not runtime.is_interpreter() and M * N * K >= SMALL_PROBLEM and _tma_sms(a.device) else None)
     if tma is not None:
         a_desc, b_desc, a_kmajor, b_kmajor = tma
