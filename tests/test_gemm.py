@@ -301,6 +301,31 @@ def test_precision_modes(dtype, precision):
     assert_matches(y, y64, y_torch, name=f"y {dtype} {precision}")
 
 
+@pytest.mark.parametrize("precision", ["tf32x3", "tf32", "ieee"])
+def test_tf32x3_special_values(precision):
+    """inf, NaN, values near the fp32 maximum and denormals come out where torch's fp32 puts them:
+    tf32x3 splits each operand into hi + lo, and inf - inf would be NaN if the split were naive."""
+    n = 256 if LARGE else 40
+    a, b = randn(n, n, seed=41), randn(n, n, seed=42)
+    a[3, 5], a[7, 9], a[20, 20], b[11, 2], b[5, 30] = float("inf"), 3.0e38, 1e-40, -float("inf"), float("nan")
+    old = ge2.set_matmul_precision(precision)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:
+        y, _ = call("gemm", a, b)
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+        ref = a @ b
+    finally:
+        ge2.set_matmul_precision(old)
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert torch.equal(torch.isnan(y), torch.isnan(ref)), "NaN pattern differs from torch's"
+    assert torch.equal(torch.isinf(y) & (y > 0), torch.isinf(ref) & (ref > 0)), "+inf pattern differs"
+    assert torch.equal(torch.isinf(y) & (y < 0), torch.isinf(ref) & (ref < 0)), "-inf pattern differs"
+    finite = torch.isfinite(ref)
+    assert finite.sum() > n * n // 2  # most entries stay finite: the comparison below means something
+    if precision != "tf32":
+        assert rel_error(y[finite], ref[finite]) <= 1e-5
+
+
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (False, True), (True, False), (True, True)])
 @pytest.mark.parametrize("dtype,precision", [(torch.bfloat16, "ieee"), (torch.float32, "tf32")])
 def test_layouts_forward_backward(dtype, precision, trans_a, trans_b, monkeypatch):
