@@ -749,7 +749,7 @@ def _launch_fwd(x: torch.Tensor, wv: _WeightView, bias: torch.Tensor | None, y: 
     numerics = _numerics(x.dtype)
     direct = flat and x.dtype == torch.float32 and (Cg * R * S <= DIRECT_MAX_REDUCTION
                                                     or numerics["PRECISION"] == "ieee")
-    grid = lambda meta: (triton.cdiv(Nb * P * Q, meta["BLOCK_M"]) * triton.cdiv(Kg, meta["BLOCK_N"]), geo.groups)
+    grid = lambda meta: (runtime.cdiv(Nb * P * Q, meta["BLOCK_M"]) * runtime.cdiv(Kg, meta["BLOCK_N"]), geo.groups)
     conv2d_fwd_kernel[grid](
         x, wv.tensor, bias if bias is not None else y, y, z if z is not None else y,
         Nb, C, H, W, K, P, Q, R, S, Cg, Kg,
@@ -777,7 +777,7 @@ def _launch_depthwise(x: torch.Tensor, wv: _WeightView, bias: torch.Tensor | Non
     """Y = act(depthwise conv(x, W) + bias), one input and one output channel per group."""
     Nb, C, H, W = x.shape
     P, Q = y.shape[2], y.shape[3]
-    grid = lambda meta: (Nb * P, triton.cdiv(Q, meta["BLOCK_Q"]), triton.cdiv(C, meta["BLOCK_C"]))
+    grid = lambda meta: (Nb * P, runtime.cdiv(Q, meta["BLOCK_Q"]), runtime.cdiv(C, meta["BLOCK_C"]))
     conv2d_depthwise_kernel[grid](
         x, wv.tensor, bias if bias is not None else y, y, z if z is not None else y,
         Nb, C, H, W, P, Q, R, S,
@@ -839,9 +839,9 @@ def _dw_splits(steps: int, tiles: int, row: int = 1, gz_numel: int = 0) -> tuple
     """(number of splits, steps per split) of dW's reduction of ``steps`` steps, for a grid of
     ``tiles`` programs per split whose partials are ``row`` floats per split."""
     cap = max(DW_PARTIAL_FLOATS, gz_numel // 4) // max(row, 1)
-    splits = max(1, min(triton.cdiv(DW_TARGET_PROGRAMS, tiles), steps // DW_MIN_SPLIT, cap, DW_MAX_SPLITS))
-    split_len = triton.cdiv(steps, splits)
-    return triton.cdiv(steps, split_len), split_len
+    splits = max(1, min(runtime.cdiv(DW_TARGET_PROGRAMS, tiles), steps // DW_MIN_SPLIT, cap, DW_MAX_SPLITS))
+    split_len = runtime.cdiv(steps, splits)
+    return runtime.cdiv(steps, split_len), split_len
 
 
 def _sum_splits(partials: torch.Tensor, out: torch.Tensor) -> None:
@@ -851,7 +851,7 @@ def _sum_splits(partials: torch.Tensor, out: torch.Tensor) -> None:
     splits, length = partials.shape
     block_p = min(DW_MAX_SPLITS, _next_pow2(splits))
     block_l = max(32, 4096 // block_p)
-    sum_partials_kernel[(triton.cdiv(length, block_l),)](partials, out, splits, length,
+    sum_partials_kernel[(runtime.cdiv(length, block_l),)](partials, out, splits, length,
                                                          BLOCK_P=block_p, BLOCK_L=block_l)
 
 
@@ -892,7 +892,7 @@ def _dx(gz: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, geo: ConvGeomet
         return dx
     gz = _nhwc(gz)
     wt = weight.permute(1, 2, 3, 0).contiguous().permute(3, 0, 1, 2)  # output channels innermost: K-major B
-    grid = lambda meta: (triton.cdiv(Nb * H * W, meta["BLOCK_M"]) * triton.cdiv(Cg, meta["BLOCK_N"]), geo.groups)
+    grid = lambda meta: (runtime.cdiv(Nb * H * W, meta["BLOCK_M"]) * runtime.cdiv(Cg, meta["BLOCK_N"]), geo.groups)
     conv2d_dx_kernel[grid](
         gz, wt, dx, Nb, C, H, W, K, P, Q, R, S, Cg, Kg,
         *gz.stride(), *wt.stride(), *dx.stride(), *geo.stride, *geo.pad, *geo.dilation, **_numerics(x.dtype))
@@ -921,13 +921,13 @@ def _dw(gy: torch.Tensor, saved: torch.Tensor | None, x: torch.Tensor, weight: t
     if _is_depthwise(weight, geo.groups):
         assert code == activations.NONE and not with_db, "depthwise dW takes a formed gZ, db apart"
         rows = Nb * P
-        tiles = triton.cdiv(C, 64) * R * S
-        splits = max(1, min(triton.cdiv(DEPTHWISE_DW_TARGET_PROGRAMS, tiles), rows // 8))
-        split_rows = triton.cdiv(rows, splits)
-        splits = triton.cdiv(rows, split_rows)
+        tiles = runtime.cdiv(C, 64) * R * S
+        splits = max(1, min(runtime.cdiv(DEPTHWISE_DW_TARGET_PROGRAMS, tiles), rows // 8))
+        split_rows = runtime.cdiv(rows, splits)
+        splits = runtime.cdiv(rows, split_rows)
         out = dw if splits == 1 and dw.dtype == torch.float32 else torch.empty(
             (splits, dw.numel()), dtype=torch.float32, device=dw.device)
-        grid = lambda meta: (triton.cdiv(C, meta["BLOCK_C"]), R * S, splits)
+        grid = lambda meta: (runtime.cdiv(C, meta["BLOCK_C"]), R * S, splits)
         conv2d_depthwise_dw_kernel[grid](
             gy, x, out, Nb, C, H, W, P, Q, R, S, split_rows,
             *gy.stride(), *x.stride(), *geo.stride, *geo.pad, *geo.dilation)
@@ -943,17 +943,17 @@ def _dw(gy: torch.Tensor, saved: torch.Tensor | None, x: torch.Tensor, weight: t
         saved = _nhwc(saved) if saved is not None else None
     taps = R * S if per_tap else 1
     ncols = Cg if per_tap else CRS
-    tiles = triton.cdiv(Kg, 64) * triton.cdiv(ncols, 32) * geo.groups * taps
+    tiles = runtime.cdiv(Kg, 64) * runtime.cdiv(ncols, 32) * geo.groups * taps
     numerics = _numerics(x.dtype)
     direct = x.dtype == torch.float32 and L * K * CRS <= DW_DIRECT_MACS.get(numerics["PRECISION"], 0)
     # The reduction step: a QB-wide segment of one output row (direct: at most 32, the
     # accumulator holds QB partial sums per dW element).
     qb = min(max(_next_pow2(Q), 16), 32 if direct else 64)
-    steps = Nb * P * triton.cdiv(Q, qb)
+    steps = Nb * P * runtime.cdiv(Q, qb)
     splits, split_len = _dw_splits(steps, tiles, row, gy.numel())
     out = flat if splits == 1 else torch.empty((splits, row), dtype=torch.float32, device=flat.device)
     slots = geo.groups * taps + (geo.groups if with_db else 0)
-    grid = lambda meta: (triton.cdiv(Kg, meta["BLOCK_M"]) * triton.cdiv(ncols, meta["BLOCK_N"]), slots, splits)
+    grid = lambda meta: (runtime.cdiv(Kg, meta["BLOCK_M"]) * runtime.cdiv(ncols, meta["BLOCK_N"]), slots, splits)
     sv = saved if saved is not None and code != activations.NONE else gy
     conv2d_dw_kernel[grid](
         gy, sv, x, out, Nb, C, H, W, K, P, Q, R, S, Cg, Kg, split_len, row,

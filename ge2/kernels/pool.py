@@ -311,7 +311,7 @@ def _launch(kernel, t: torch.Tensor, *args, **kwargs) -> None:
     inner = t.shape[1] if channels_last else t.shape[3]
     block_i = min(128, triton.next_power_of_2(inner))
     rows = t.numel() // inner
-    grid = lambda meta: (triton.cdiv(rows, meta["BLOCK"] // block_i), triton.cdiv(inner, block_i))
+    grid = lambda meta: (runtime.cdiv(rows, meta["BLOCK"] // block_i), runtime.cdiv(inner, block_i))
     kernel[grid](*args, CHANNELS_LAST=channels_last, BLOCK_I=block_i, **kwargs)
 
 
