@@ -534,6 +534,15 @@ def _k_major(view, role: str):
     return copy, (rows * cols, 1, rows), batch, rows, cols
 
 
+def _epilogue_operands(y, z, c, bias) -> tuple[tuple, tuple]:
+    """((c, bias, y, z) pointers, (c rows/cols, y rows/cols, bias) strides) of a 2-D epilogue;
+    absent operands point at y with zero strides (their constexpr flags keep them unread)."""
+    ptrs = (c if c is not None else y, bias if bias is not None else y, y, z if z is not None else y)
+    strides = (c.stride(-2) if c is not None else 0, c.stride(-1) if c is not None else 0, y.stride(-2), y.stride(-1),
+               bias.stride(0) if bias is not None and bias.dim() == 1 else 0)
+    return ptrs, strides
+
+
 def _launch(a_view, b_view, y, *, z=None, c=None, bias=None, bias_kind=0, act=0, act_alpha=0.01,
             alpha=1.0, beta=0.0, reduce_batch=False, kmajor_copies=False) -> None:
     """Launch the kernel on op(A) = a_view ([B, M, K] strides) and op(B) = b_view ([B, K, N] strides).
@@ -564,11 +573,9 @@ def _launch(a_view, b_view, y, *, z=None, c=None, bias=None, bias_kind=0, act=0,
         a_desc, b_desc, a_kmajor, b_kmajor = tma
         num_sms = _tma_sms(a.device)
         grid = lambda meta: (min(num_sms, runtime.cdiv(M, meta["BLOCK_M"]) * runtime.cdiv(N, meta["BLOCK_N"])),)
+        ptrs, strides = _epilogue_operands(y, z, c, bias)
         gemm_tma_kernel[grid](
-            a_desc, b_desc, c if c is not None else y, bias if bias is not None else y, y, z if z is not None else y,
-            M, N, K,
-            c.stride(-2) if c is not None else 0, c.stride(-1) if c is not None else 0, y.stride(-2), y.stride(-1),
-            bias.stride(0) if bias is not None and bias.dim() == 1 else 0,
+            a_desc, b_desc, *ptrs, M, N, K, *strides,
             float(alpha), float(beta), float(act_alpha),
             HAS_C=c is not None, BIAS_KIND=bias_kind, ACT=act, SAVE_Z=z is not None,
             A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, OPERAND_BYTES=a.element_size(),
@@ -616,11 +623,9 @@ def _launch_split_k(a_view, b_view, y, splits: int, chunk: int, *, z, c, bias, b
         ACC_DTYPE=tl.float64 if acc_dtype == torch.float64 else tl.float32,
     )
     bs, bm, bn = SPLIT_EPILOGUE_BLOCKS
+    ptrs, strides = _epilogue_operands(y, z, c, bias)
     split_k_epilogue_kernel[(runtime.cdiv(M, bm), runtime.cdiv(N, bn))](
-        part, c if c is not None else y, bias if bias is not None else y, y, z if z is not None else y,
-        M, N, splits,
-        c.stride(-2) if c is not None else 0, c.stride(-1) if c is not None else 0, y.stride(-2), y.stride(-1),
-        bias.stride(0) if bias is not None and bias.dim() == 1 else 0,
+        part, *ptrs, M, N, splits, *strides,
         float(alpha), float(beta), float(act_alpha),
         HAS_C=c is not None, BIAS_KIND=bias_kind, ACT=act, SAVE_Z=z is not None,
         BLOCK_S=bs, BLOCK_M=bm, BLOCK_N=bn, num_warps=4,
