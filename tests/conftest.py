@@ -1,7 +1,9 @@
 import os
 import sys
+import zlib
 
 import pytest
+import torch
 
 sys.path.insert(0, os.path.dirname(__file__))  # tests/numerics.py importable as `numerics`
 
@@ -9,9 +11,12 @@ import ge2  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def _isolate_global_state():
+def _isolate_global_state(request):
     """Every test starts on the triton backend (GE2_TEST_BACKEND=torch runs the suite on the
-    oracle, to check the tests themselves), the default fp32 precision and grad mode on."""
+    oracle, to check the tests themselves), the default fp32 precision and grad mode on, and the
+    global RNG seeded from the test's id (unseeded random inputs are the same on every run, so a
+    result never depends on which tests ran before it)."""
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
     precision = ge2.get_matmul_precision()
     backend = ge2.get_backend()
     ge2.use_backend(os.environ.get("GE2_TEST_BACKEND", "triton"))
