@@ -251,3 +251,153 @@ def test_cnn_training_step_does_no_torch_math():
 @pytest.mark.parametrize("case", LARGE_CASES, ids=lambda c: "x".join(map(str, c[:5])) + f"-g{c[9]}")
 def test_conv2d_resnet_shapes(case, layout, dtype):
     _check_conv(case, layout, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# 1x1 convolutions (stride 1, no padding, one group) run as GEMMs (``gemm_1x1_layout``)
+# ---------------------------------------------------------------------------------------------
+# (N, C, H, W, K): C past one 32-deep K step of the interpreter's GEMM tile, K past one 32-wide
+# N tile, N*H*W past one M tile; a batch of one (NCHW: a 2-D GEMM instead of a batched one).
+CASES_1X1 = [(3, 37, 5, 7, 33), (1, 6, 4, 9, 5), (2, 3, 1, 1, 4)]
+
+
+class _Forbidden:
+    """Stands in for an implicit-GEMM conv kernel that a 1x1 conv must not launch."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __getitem__(self, grid):
+        raise AssertionError(f"the 1x1 GEMM route launched {self.name}")
+
+
+def _forbid_conv_kernels(monkeypatch) -> None:
+    from ge2.kernels import conv as K
+
+    for name in ("conv2d_fwd_kernel", "conv2d_dx_kernel", "conv2d_dw_kernel", "conv2d_depthwise_kernel",
+                 "conv2d_depthwise_dw_kernel"):
+        monkeypatch.setattr(K, name, _Forbidden(name))
+
+
+def _layout_1x1(x: torch.Tensor, layout: str) -> torch.Tensor:
+    if layout == "nhwc-sliced":  # channels 8..8+C of a wider channels-last tensor: pixel stride C + 11
+        wide = torch.cat([x[:, :1].expand(-1, 8, -1, -1), x, x[:, :3]], dim=1)
+        return wide.contiguous(memory_format=torch.channels_last)[:, 8:8 + x.shape[1]]
+    return _layout(x, layout)
+
+
+def _check_conv_1x1(shape, layout, dtype=torch.float32, bias=True, act=None, seed=0):
+    """ge2's 1x1 conv (forward, dx, dW, db) vs torch and float64, on a prepared layout of x."""
+    N, C, H, W, K = shape
+    x = _layout_1x1(randn(N, C, H, W, dtype=dtype, seed=seed), layout)
+    w = randn(K, C, 1, 1, dtype=dtype, seed=seed + 1)
+    b = randn(K, dtype=dtype, seed=seed + 2) if bias else None
+    t_act = {None: lambda z: z, "relu": TF.relu, "gelu": TF.gelu, "tanh": torch.tanh, "silu": TF.silu}[act]
+    leaves = [t for t in (x, w, b) if t is not None]
+    ref = [t.detach().double().cpu().requires_grad_() for t in leaves]
+    tor = [t.detach().clone().requires_grad_() for t in leaves]
+    gen = [ge2.from_torch(t.detach().clone(), requires_grad=True) for t in leaves]
+    y64 = t_act(TF.conv2d(ref[0], ref[1], ref[2] if bias else None))
+    yt = t_act(TF.conv2d(tor[0], tor[1], tor[2] if bias else None))
+    yg = F.conv2d(gen[0], gen[1], gen[2] if bias else None, activation=act)
+    assert yg.data.is_contiguous(memory_format=torch.channels_last if is_channels_last(x) else torch.contiguous_format)
+    assert_matches(yg.data, y64, yt, name="forward")
+    gy = randn(*yt.shape, seed=seed + 3).to(dtype)
+    y64.backward(gy.double().cpu())
+    yt.backward(gy)
+    yg.backward(ge2.from_torch(gy))
+    for name, g, t, r in zip(("x", "weight", "bias"), gen, tor, ref):
+        assert_matches(g.grad.data, r.grad, t.grad, name=f"grad {name}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["nchw", "nhwc", "strided", "nhwc-sliced"])
+@pytest.mark.parametrize("shape", CASES_1X1, ids=lambda s: "x".join(map(str, s)))
+def test_conv2d_1x1_runs_as_gemm(shape, layout, dtype, monkeypatch):
+    from ge2.kernels import conv as K
+
+    x = _layout_1x1(randn(*shape[:4], dtype=dtype), layout)
+    geo = ConvGeometryFor(x, shape[4])
+    # (an [N, C, 1, 1] image is both layouts: NCHW wins the tie, as everywhere)
+    expected = "nhwc" if layout.startswith("nhwc") and shape[2] * shape[3] > 1 else "nchw"
+    assert is_channels_last(x) == (expected == "nhwc")
+    assert K.gemm_1x1_layout(x, randn(shape[4], shape[1], 1, 1, dtype=dtype), geo) == expected
+    _forbid_conv_kernels(monkeypatch)  # the implicit-GEMM kernels would raise: the GEMM's run
+    _check_conv_1x1(shape, layout, dtype, seed=81)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("act", ["relu", "gelu", "tanh", "silu"])
+def test_conv2d_1x1_gemm_bias_activation(act, layout, monkeypatch):
+    # gelu/silu take act' from the stashed Z (the GEMM epilogue's SAVE_Z), relu/tanh from Y.
+    _forbid_conv_kernels(monkeypatch)
+    _check_conv_1x1((2, 9, 3, 5, 7), layout, act=act, seed=83)
+    _check_conv_1x1((2, 9, 3, 5, 7), layout, torch.bfloat16, bias=False, act=act, seed=84)
+
+
+def test_conv2d_1x1_gemm_gradient_layout_and_needs(monkeypatch):
+    # gY in the other layout (pixels do not merge: copied once), and only some gradients asked for.
+    _forbid_conv_kernels(monkeypatch)
+    x = randn(2, 6, 3, 4, seed=85).contiguous(memory_format=torch.channels_last)
+    w, gy = randn(5, 6, 1, 1, seed=86), randn(2, 5, 3, 4, seed=87)
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    xt, wt = x.clone().requires_grad_(), w.clone().requires_grad_()
+    TF.conv2d(x64, w64).backward(gy.double())
+    TF.conv2d(xt, wt).backward(gy)
+    dx, dw, db = call("conv2d_backward", gy, x, w, has_bias=True)
+    assert is_channels_last(dx) and dw.is_contiguous()
+    assert_matches(dx, x64.grad, xt.grad, name="grad x")
+    assert_matches(dw, w64.grad, wt.grad, name="grad weight")
+    assert_matches(db, gy.double().sum((0, 2, 3)), gy.sum((0, 2, 3)), name="grad bias")
+    dx2, dw2, db2 = call("conv2d_backward", gy, x, w, need_x=False, has_bias=False)
+    assert dx2 is None and db2 is None and torch.equal(dw2, dw)
+    dx3, dw3, _ = call("conv2d_backward", gy, x, w, need_w=False)
+    assert dw3 is None and torch.equal(dx3, dx)
+
+
+def test_conv2d_1x1_nchw_weight_gradient_fallback(monkeypatch):
+    # NCHW dW sums per-image partials; where those would outweigh gZ and X (tiny H*W, many
+    # channels) it takes the implicit-GEMM dW kernel instead, which must then be launched.
+    from ge2.kernels import conv as K
+
+    monkeypatch.setattr(K, "GEMM_1X1_PARTIAL_BYTES", 0)
+    launches = []
+    kernel = K.conv2d_dw_kernel
+
+    class Counting:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(K, "conv2d_dw_kernel", Counting())
+    _check_conv_1x1((3, 8, 1, 2, 9), "nchw", act="relu", seed=88)
+    assert len(launches) == 1
+
+
+def ConvGeometryFor(x: torch.Tensor, k: int, stride=1, padding=0, groups=1):  # noqa: N802
+    from ge2.backend.conv import conv_geometry
+
+    return conv_geometry("conv2d", tuple(x.shape), (k, x.shape[1] // groups, 1, 1), stride, padding, 1, groups)
+
+
+def test_conv2d_1x1_gemm_route_only_where_it_is_a_gemm():
+    from ge2.kernels import conv as K
+
+    x, w = randn(2, 8, 6, 6, seed=89), randn(4, 8, 1, 1, seed=90)
+    assert K.gemm_1x1_layout(x, w, ConvGeometryFor(x, 4)) == "nchw"
+    assert K.gemm_1x1_layout(x, w, ConvGeometryFor(x, 4, stride=2)) is None      # strided: implicit GEMM
+    assert K.gemm_1x1_layout(x, w, ConvGeometryFor(x, 4, padding=1)) is None     # zero border
+    assert K.gemm_1x1_layout(x, w[:, :4], ConvGeometryFor(x, 4, groups=2)) is None
+    assert K.gemm_1x1_layout(x, randn(4, 8, 3, 3), ConvGeometryFor(x, 4)) is None
+    nhwc = x.contiguous(memory_format=torch.channels_last)
+    assert K.gemm_1x1_layout(nhwc, w, ConvGeometryFor(x, 4)) == "nhwc"
+    rows = nhwc[:, :, ::2]  # every other row: n, h, w do not merge into one pixel stride
+    assert K.gemm_1x1_layout(rows, w, ConvGeometryFor(rows, 4)) is None
+    transposed = x.transpose(2, 3)  # h, w do not merge in NCHW
+    assert K.gemm_1x1_layout(transposed, w, ConvGeometryFor(transposed, 4)) is None
+    misaligned = randn(2 * 8 * 6 * 6 + 1, seed=92)[1:].view(2, 8, 6, 6)  # base 4 bytes past 16-byte alignment
+    assert K.gemm_1x1_layout(misaligned, w, ConvGeometryFor(misaligned, 4)) is None
+    # The cases that stay off the route still compute the right thing (strided, padded, every other row).
+    _check_conv((2, 8, 6, 6, 4, (1, 1), 2, 1, 1, 1), "nhwc", seed=91)
+    y = F.conv2d(ge2.from_torch(rows), ge2.from_torch(w))
+    assert_matches(y.data, TF.conv2d(rows.double(), w.double()), TF.conv2d(rows, w))

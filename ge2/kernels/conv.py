@@ -55,7 +55,8 @@ import triton.language as tl
 from ge2 import runtime
 from ge2.kernels import activations
 from ge2.kernels.activations import act_fwd, act_grad_from_y, act_grad_from_z
-from ge2.kernels.gemm import _precision, _tile_coords, bias_act_backward, sum_partials_kernel, tile_config
+from ge2.kernels.gemm import (_launch, _precision, _tile_coords, bias_act_backward, gemm, sum_partials_kernel,
+                              tile_config)
 
 
 class ConvGeometry(NamedTuple):
@@ -791,6 +792,155 @@ def _is_depthwise(weight: torch.Tensor, groups: int) -> bool:
     return weight.shape[1] == 1 and weight.shape[0] == groups
 
 
+# ---------------------------------------------------------------------------------------------
+# 1x1 convolutions as GEMMs
+# ---------------------------------------------------------------------------------------------
+# A 1x1 conv with stride 1, no padding and one group is a plain GEMM over x's own strides. The
+# implicit-GEMM kernel walked its short reduction (C = 128 channels: 2 K-steps a tile) in tiles
+# whose software pipeline never filled (0.39x cuDNN bf16 NHWC); the GEMM module's kernels take it
+# instead (``gemm_1x1_layout`` decides, ``_conv1x1``/``_conv1x1_backward`` launch):
+#
+# * NHWC (pixels merge into one stride): Y [N*H*W, K] = X [N*H*W, C] @ W^T, bias per column; the
+#   persistent TMA kernel when the strides allow. dX = gZ @ W, dW = gZ^T @ X (a 2-D GEMM whose
+#   N*H*W-long reduction the GEMM splits over programs), db from the gZ pass.
+# * NCHW (h, w merge): Y[n] [K, H*W] = W [K, C] @ X[n] [C, H*W], a batched GEMM whose A has batch
+#   stride 0, bias per row. dX[n] = W^T @ gZ[n]; dW = sum_n gZ[n] @ X[n]^T as per-image fp32
+#   partials (both operands unit-stride along H*W: the K-major order tf32 wgmma wants) added in a
+#   fixed order by ``sum_partials_kernel``. The GEMM's reduce_batch mode would do the sum in one
+#   launch, but with one program per output tile (1 to 4 for a 128x128 dW): serial.
+# The weight is copied K-major for fp32 where it is the operand that needs it (a few KB). Strided
+# or padded 1x1 convs stay on the implicit-GEMM path (a strided X does not merge its pixels).
+#
+# NCHW dW partials beyond this many bytes (or the bytes of gZ and X, if more) go to the
+# implicit-GEMM dW kernel instead (the partials would cost more traffic than the GEMM itself).
+GEMM_1X1_PARTIAL_BYTES = 4 << 20
+
+
+def _merged_stride(dims, default: int) -> int | None:
+    """The one stride that walks ``dims`` ((size, stride) pairs, outer to inner) as a single flat
+    index, or None; size-1 dims do not count (``default`` when all are size 1)."""
+    dims = [(n, s) for n, s in dims if n != 1]
+    for (_, outer), (n, inner) in zip(dims, dims[1:]):
+        if outer != n * inner:
+            return None
+    return dims[-1][1] if dims else default
+
+
+def _pixel_stride(t: torch.Tensor, nhwc: bool) -> int | None:
+    """The stride of t's flat pixel index (n, h, w) for NHWC, (h, w) for NCHW, or None."""
+    dims = ((t.shape[0], t.stride(0)),) if nhwc else ()
+    return _merged_stride(dims + ((t.shape[2], t.stride(2)), (t.shape[3], t.stride(3))), t.stride(3))
+
+
+def _aligned(*tensors: torch.Tensor | None) -> bool:
+    # The GEMM's TMA path asserts a 16-byte aligned base in TensorDescriptor before it would
+    # fall back: a misaligned operand (x[:, 1:]) stays on the implicit-GEMM path.
+    return all(t is None or t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def gemm_1x1_layout(x: torch.Tensor, weight: torch.Tensor, geo: ConvGeometry) -> str | None:
+    """"nhwc" or "nchw" when conv(x, weight) is a plain GEMM over x's strides (1x1, stride 1, no
+    padding, one group, pixels mergeable), else None (the implicit-GEMM path)."""
+    K, _, R, S = weight.shape
+    if ((R, S) != (1, 1) or geo.stride != (1, 1) or geo.pad != (0, 0) or geo.groups != 1 or x.numel() == 0
+            or K == 0 or not _aligned(x, weight)):
+        return None
+    nhwc = is_channels_last(x)
+    if _pixel_stride(x, nhwc) is None:
+        return None
+    return "nhwc" if nhwc else "nchw"
+
+
+def _rows(t: torch.Tensor, nhwc: bool) -> torch.Tensor:
+    """t [N, Ch, H, W] as the GEMM sees it: [N*H*W, Ch] (NHWC) or [N, Ch, H*W] (NCHW), a view
+    (a copy into that layout only when the pixels do not merge, e.g. an NCHW gradient of an NHWC conv)."""
+    N, Ch, H, W = t.shape
+    sp = _pixel_stride(t, nhwc)
+    if sp is None or not _aligned(t):
+        t = t.contiguous(memory_format=torch.channels_last if nhwc else torch.contiguous_format)
+        sp = _pixel_stride(t, nhwc)
+    if nhwc:
+        return t.as_strided((N * H * W, Ch), (sp, t.stride(1)))
+    return t.as_strided((N, Ch, H * W), (t.stride(0), t.stride(1), sp))
+
+
+def _gemm_view(t: torch.Tensor, rows: int, cols: int, s_row: int, s_col: int, batch: int = 1, s_batch: int = 0):
+    """The GEMM launcher's operand view: (tensor, (batch, row, col strides), batch, rows, cols)."""
+    return t, (s_batch, s_row, s_col), batch, rows, cols
+
+
+def _conv1x1(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, nhwc: bool, act: str,
+             act_alpha: float, save_z: bool):
+    """(Y, Z) of a 1x1 conv through ``gemm``: Y in x's layout."""
+    N, C, H, W = x.shape
+    K = weight.shape[0]
+    w2 = weight[:, :, 0, 0]  # [K, C]
+    kinds = dict(bias=bias, act=act, act_alpha=act_alpha, save_z=save_z)
+    if nhwc:  # [N*H*W, K] contiguous is the channels-last output itself
+        y, z = gemm(_rows(x, True), w2, trans_b=True, bias_kind="per_n" if bias is not None else "none", **kinds)
+        shape, strides = (N, K, H, W), (H * W * K, 1, W * K, K)
+    else:
+        x3 = _rows(x, False)
+        a, b = (w2, x3[0]) if N == 1 else (w2.expand(N, K, C), x3)  # one image: a 2-D GEMM (TMA-eligible)
+        y, z = gemm(a, b, bias_kind="per_m" if bias is not None else "none", **kinds)
+        shape, strides = (N, K, H, W), (K * H * W, H * W, W, 1)
+    return y.as_strided(shape, strides), (z.as_strided(shape, strides) if z is not None else None)
+
+
+def _conv1x1_backward(gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, saved: torch.Tensor | None,
+                      geo: ConvGeometry, nhwc: bool, *, has_bias: bool, code: int, act_alpha: float, from_z: bool,
+                      need_x: bool, need_w: bool):
+    """(dx | None, dw | None, dbias | None) of a 1x1 conv through the GEMM module's kernels."""
+    N, C, H, W = x.shape
+    K = weight.shape[0]
+    HW, M = H * W, N * H * W
+    copy_gz = (need_x or need_w) and (code != activations.NONE or gy.dtype != x.dtype)
+    gz = _rows(gy, nhwc)
+    dbias = None
+    if copy_gz or has_bias:
+        # One pass: gZ = gY * act'(saved) (written in the GEMM view's order: NHWC [M, K] or NCHW
+        # [N, K, H*W], the order in which dW reads it along the pixels) and db's partial sums.
+        sv = _rows(saved, nhwc) if saved is not None and code != activations.NONE else None
+        gz_new, dbias, _ = bias_act_backward(
+            gz, sv, act=code, from_z=from_z, act_alpha=act_alpha,
+            bias_kind=("per_n" if nhwc else "per_m") if has_bias else "none",
+            gz_dtype=x.dtype if copy_gz else None, beta=None)
+        if copy_gz:
+            gz = gz_new
+    w2 = weight[:, :, 0, 0]  # [K, C]
+    if x.dtype == torch.float32 and _precision(x.dtype) != "ieee":
+        # tf32 wgmma reads both operands K-major: for dX the reduction runs over W's rows (K).
+        w2 = w2.t().contiguous().t()
+    dx = dw = None
+    if need_x:
+        dx = empty_like_layout(tuple(x.shape), x)
+        if nhwc:  # dX [M, C] = gZ [M, K] @ W [K, C]
+            _launch(_gemm_view(gz, M, K, gz.stride(0), gz.stride(1)), _gemm_view(w2, K, C, w2.stride(0), w2.stride(1)),
+                    dx.as_strided((M, C), (C, 1)))
+        else:  # dX[n] [C, HW] = W^T [C, K] @ gZ[n] [K, HW]
+            _launch(_gemm_view(w2, C, K, w2.stride(1), w2.stride(0), N, 0),
+                    _gemm_view(gz, K, HW, gz.stride(1), gz.stride(2), N, gz.stride(0)),
+                    dx.as_strided((N, C, HW), (C * HW, HW, 1)))
+    if need_w:
+        x2 = _rows(x, nhwc)
+        dw2 = torch.empty((K, C), dtype=weight.dtype, device=weight.device)
+        dw = dw2.view(K, C, 1, 1)
+        if nhwc:  # dW [K, C] = gZ^T [K, M] @ X [M, C]: the GEMM splits the M-long reduction
+            _launch(_gemm_view(gz, K, M, gz.stride(1), gz.stride(0)), _gemm_view(x2, M, C, x2.stride(0), x2.stride(1)),
+                    dw2)
+        elif N * K * C * 4 <= max(GEMM_1X1_PARTIAL_BYTES, (gz.numel() * gz.element_size()
+                                                             + x.numel() * x.element_size())):
+            # dW = sum_n gZ[n] [K, HW] @ X[n]^T [HW, C]: per-image fp32 partials, then a fixed-order sum.
+            part = dw2.view(1, K, C) if N == 1 else torch.empty((N, K, C), dtype=torch.float32, device=x.device)
+            _launch(_gemm_view(gz, K, HW, gz.stride(1), gz.stride(2), N, gz.stride(0)),
+                    _gemm_view(x2, HW, C, x2.stride(2), x2.stride(1), N, x2.stride(0)), part)
+            if N > 1:
+                _sum_splits(part.view(N, K * C), dw2.view(-1))
+        else:
+            dw, _ = _dw(gz.view(N, K, H, W) if copy_gz else gy, None, x, weight, geo)
+    return dx, dw, dbias
+
+
 def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geo: ConvGeometry, *,
            act: str = "none", act_alpha: float = 0.01, save_z: bool = False):
     """(Y, Z): Y = act(conv(x [N, C, H, W], weight [K, C/groups, R, S]) + bias [K]), [N, K, P, Q]
@@ -803,6 +953,9 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geo
     z = torch.empty_like(y) if save_z and activations.needs_z(code) else None
     if y.numel() == 0:
         return y, z
+    layout = gemm_1x1_layout(x, weight, geo)
+    if layout is not None:
+        return _conv1x1(x, weight, bias, layout == "nhwc", act, act_alpha, save_z)
     if _is_depthwise(weight, geo.groups):
         w = weight[:, 0]  # [K, R, S]
         _launch_depthwise(x, _WeightView(w, w.stride(0), 0, w.stride(1), w.stride(2), 0, 0), bias, y, z, R, S, geo,
@@ -978,6 +1131,10 @@ def conv2d_backward(gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, sav
     gZ is materialised (NHWC) only for dX, for depthwise dW, and for the 16-bit per-tap dW.
     """
     code = activations.act_code("conv2d_backward", act, act_alpha)
+    layout = gemm_1x1_layout(x, weight, geo)
+    if layout is not None:
+        return _conv1x1_backward(gy, x, weight, saved, geo, layout == "nhwc", has_bias=has_bias, code=code,
+                                 act_alpha=act_alpha, from_z=from_z, need_x=need_x, need_w=need_w)
     K, Cg, R, S = weight.shape
     depthwise = _is_depthwise(weight, geo.groups)
     fused_dw = need_w and not depthwise and not (Cg >= TAP_MIN_CHANNELS and x.element_size() <= 2)
