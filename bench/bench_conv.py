@@ -15,6 +15,9 @@
   torch_ms / ge2_ms (> 1: ge2 faster). ``torch.backends.cudnn.benchmark = True``.
   fp32 rows are "tf32" (torch's default for cuDNN convs, ``cudnn.allow_tf32 = True``, vs
   ``ge2.set_matmul_precision("tf32")``); ``--ieee`` adds exact-fp32 rows for both.
+  ``--precisions -,tf32,tf32x3`` picks the rows ("-" = bf16): "tf32x3" (ge2's fp32 default,
+  fp32-accurate) and "ieee" are timed against cuDNN fp32 without tf32.
+* ``--shapes 3 --no-pool --name conv_1x1`` times the 1x1 shape alone into bench/results/conv_1x1.json.
 * pooling: max_pool2d 3x3/2 (ResNet stem), avg_pool2d 2x2 and the global adaptive_avg_pool2d,
   forward and backward, GB/s of the bytes each must move at least (read x once, write y once).
 """
@@ -28,6 +31,11 @@ import torch.nn.functional as TF
 import ge2
 from ge2.backend import call
 
+PREDICTION_1X1 = ("1x1 (N64 C128 H28 K128) through the GEMM kernels: 1.64 GFLOP a pass, x + y = 25.7 MB bf16 / "
+                  "51 MB fp32, i.e. memory-bound (8.6 / 17 us at 3 TB/s vs 2.5 us of bf16 tensor-core time): "
+                  "bf16 NHWC fwd ~10 us (0.75x cuDNN's 7.3), NCHW (batched GEMM, no TMA) ~12 us (0.8x of 9.3); "
+                  "tf32 NHWC ~20 us (1.1x of 23), NCHW (MN-major X tiles) ~25 us (1.0x); fwd+bwd ~1.0x "
+                  "bf16 and 1.1-1.3x tf32; tf32x3 vs cuDNN fp32 >= 1x")
 PREDICTION = ("tap-major implicit GEMM, K-major operands (cp.async + wgmma): forward 0.6-0.9x cuDNN on the 3x3 "
               "NHWC shapes (A re-read once per tap from L2: ~9x the input's bytes), NCHW pays one NHWC copy "
               "of x (~17 us bf16 at 64x64x56^2); 128x3x32^2 (flat reduction) and depthwise (direct) >= 1x; "
@@ -43,7 +51,7 @@ CONV_SHAPES = [
     (64, 256, 28, 256, 3, 256, 1),
 ]
 STRIDED_SHAPES = [(64, 64, 56, 128, 3, 1, 2)]  # --all: a ResNet downsampling layer (dX by masked taps)
-SMOKE_SHAPES = [(2, 4, 6, 5, 3, 1, 1), (2, 4, 6, 4, 3, 4, 1), (1, 3, 7, 4, 1, 1, 2)]
+SMOKE_SHAPES = [(2, 4, 6, 5, 3, 1, 1), (2, 4, 6, 4, 3, 4, 1), (1, 3, 7, 4, 1, 1, 2), (2, 5, 6, 3, 1, 1, 1)]
 
 
 class Smoke:
@@ -71,7 +79,7 @@ def conv_cases(bench, shapes, device, precisions=("-", "tf32")) -> None:
         flops = 2 * N * K * P * P * (C // groups) * r * r
         for dtype, precision in ((torch.bfloat16 if p == "-" else torch.float32, p) for p in precisions):
             ge2.set_matmul_precision("ieee" if precision == "-" else precision)
-            torch.backends.cudnn.allow_tf32 = precision == "tf32"
+            torch.backends.cudnn.allow_tf32 = precision == "tf32"  # tf32x3 and ieee: vs cuDNN's fp32
             for layout in ("nchw", "nhwc"):
                 x = _layout(torch.randn(N, C, H, H, device=device, dtype=dtype), layout)
                 w = _layout(torch.randn(K, C // groups, r, r, device=device, dtype=dtype), layout)
@@ -163,6 +171,8 @@ class Precompile(Smoke):
             kwargs.pop("warmup", None)
             tuner.nargs = dict(zip(tuner.arg_names, args))
             for cfg in tuner.prune_configs(kwargs):
+                if cfg.pre_hook is not None:  # e.g. the GEMM's TMA block shapes: part of the compiled signature
+                    cfg.pre_hook({**tuner.nargs, **kwargs, **cfg.all_kwargs()})
                 run(tuner.fn, *args, grid=(1,), warmup=True, **kwargs, **cfg.all_kwargs())
                 outer.compiled += 1
             tuner.nargs = None
@@ -190,6 +200,9 @@ def main() -> None:
     parser.add_argument("--all", action="store_true", help="add the strided (downsampling) shape")
     parser.add_argument("--no-pool", action="store_true", help="conv rows only")
     parser.add_argument("--shapes", help="comma-separated indices into CONV_SHAPES (default: all)")
+    parser.add_argument("--precisions", help="comma-separated row kinds: - (bf16), tf32, tf32x3, ieee "
+                        "(default: -,tf32, plus ieee with --ieee)")
+    parser.add_argument("--name", default="conv", help="results file bench/results/NAME.json (default conv)")
     args = parser.parse_args()
     device = ge2.device()
     torch.backends.cudnn.benchmark = True
@@ -200,15 +213,22 @@ def main() -> None:
     else:
         from bench.harness import Bench
 
-        bench = Bench("conv", cuda_graph=not args.eager, rep_ms=50)
-    print("prediction:", PREDICTION)
+        bench = Bench(args.name, cuda_graph=not args.eager, rep_ms=50)
+    prediction = PREDICTION_1X1 if args.shapes == "3" else PREDICTION
+    print("prediction:", prediction)
     shapes = SMOKE_SHAPES if args.smoke else CONV_SHAPES + (STRIDED_SHAPES if args.all else [])
     if args.shapes is not None:
         shapes = [shapes[int(i)] for i in args.shapes.split(",") if i]
-    conv_cases(bench, shapes, device, ("-", "tf32", "ieee") if args.ieee else ("-", "tf32"))
+    precisions = ("-", "tf32", "ieee") if args.ieee else ("-", "tf32")
+    if args.precisions:
+        precisions = tuple(args.precisions.split(","))
+        unknown = set(precisions) - {"-", "tf32", "tf32x3", "ieee"}
+        if unknown:
+            parser.error(f"--precisions: unknown {sorted(unknown)}; choose from -, tf32, tf32x3, ieee")
+    conv_cases(bench, shapes, device, precisions)
     if not args.no_pool:
         pool_cases(bench, args.smoke, device)
-    bench.report(prediction=PREDICTION)
+    bench.report(prediction=prediction)
 
 
 if __name__ == "__main__":
