@@ -173,7 +173,8 @@ class Precompile(Smoke):
             for cfg in tuner.prune_configs(kwargs):
                 if cfg.pre_hook is not None:  # e.g. the GEMM's TMA block shapes: part of the compiled signature
                     cfg.pre_hook({**tuner.nargs, **kwargs, **cfg.all_kwargs()})
-                run(tuner.fn, *args, grid=(1,), warmup=True, **kwargs, **cfg.all_kwargs())
+                # tuner.fn.run: a @triton.heuristics layer (the GEMM's EVEN_K) fills its values first
+                tuner.fn.run(*args, grid=(1,), warmup=True, **kwargs, **cfg.all_kwargs())
                 outer.compiled += 1
             tuner.nargs = None
 

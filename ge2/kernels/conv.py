@@ -19,6 +19,9 @@ that fall in the padding. It walks the reduction in one of two orders (constexpr
   so Cg*R*S = 27 is one 32-deep step instead of nine 16-deep steps that are 13/16 padding. The
   tile is a plain gather, in any layout.
 
+1x1 convolutions with stride 1, no padding and one group are plain GEMMs and take the GEMM
+module's kernels instead (``gemm_1x1_layout``; NHWC a 2-D GEMM, NCHW one batched over images).
+
 The output is written through its strides in the input's layout. Pure depthwise convolutions
 (one input and one output channel per group) skip the GEMM: ``conv2d_depthwise_kernel`` is a
 direct stencil, one program per output row, coalesced along whichever of (q, c) is contiguous.
