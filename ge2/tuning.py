@@ -153,7 +153,7 @@ class PersistentAutotuner(Autotuner):
         self.stored_hits = 0
         # The repeated-call fast path: (key values, argument dtypes) -> the chosen config's kwargs.
         self._key_index = [self.arg_names.index(k) for k in self.keys]
-        self._fast: dict[tuple, dict[str, Any]] = {}
+        self._fast: dict[tuple, tuple[dict[str, Any], Any]] = {}  # -> (config kwargs, its pre_hook)
         ALL_TUNERS.append(self)
 
     def _fast_key(self, args: tuple, kwargs: dict) -> tuple:
@@ -180,12 +180,17 @@ class PersistentAutotuner(Autotuner):
     def run(self, *args, **kwargs):
         # Repeated shapes skip triton's Autotuner.run (its dicts and key building cost ~25 us a call).
         fast_key = self._fast_key(args, kwargs)
-        config_kwargs = self._fast.get(fast_key)
-        if config_kwargs is not None:
+        hit = self._fast.get(fast_key)
+        if hit is not None:
+            config_kwargs, pre_hook = hit
+            if pre_hook is not None:  # what triton's run does for the chosen config (e.g. TMA block shapes)
+                nargs = dict(zip(self.arg_names, args))
+                nargs.update(kwargs)
+                nargs.update(config_kwargs)
+                pre_hook(nargs)
             return self.fn.run(*args, **kwargs, **config_kwargs)
         out = self._run(*args, **kwargs)
-        if self.best_config.pre_hook is None:
-            self._fast[fast_key] = self.best_config.all_kwargs()
+        self._fast[fast_key] = (self.best_config.all_kwargs(), self.best_config.pre_hook)
         return out
 
     def _run(self, *args, **kwargs):

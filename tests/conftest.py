@@ -8,6 +8,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))  # tests/numerics.py importable as `numerics`
 
 import ge2  # noqa: E402
+from ge2.backend import call_plans  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -15,8 +16,9 @@ def _isolate_global_state(request):
     """Every test starts on the triton backend (GE2_TEST_BACKEND=torch runs the suite on the
     oracle, to check the tests themselves), the default fp32 precision and grad mode on, and the
     global RNG seeded from the test's id (unseeded random inputs are the same on every run, so a
-    result never depends on which tests ran before it)."""
+    result never depends on which tests ran before it), and no call plans from earlier tests."""
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+    call_plans.clear()  # plans recorded under another test's patched constants must not replay here
     precision = ge2.get_matmul_precision()
     backend = ge2.get_backend()
     ge2.use_backend(os.environ.get("GE2_TEST_BACKEND", "triton"))

@@ -1,5 +1,8 @@
 """The op registry: ``call(op, *inputs, **attrs)`` checks the op's schema, then dispatches.
 
+Repeated calls (same shapes, strides, dtypes, attributes) replay a call plan instead
+(``ge2.backend.call_plans``): no schema check, no launcher Python, only the kernel launches.
+
 An implementation is registered for (op, backend, device kind, dtype); the dtype that dispatches
 is the dtype of the op's first tensor input. Two backends exist: "triton" (the product, every op
 a ge2 Triton kernel) and "torch" (the oracle, the same op written with torch).
@@ -12,7 +15,9 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from ge2.backend import call_plans
 from ge2.backend.schema import Schema
+from ge2.kernels import launch
 
 BACKENDS = ("triton", "torch")
 DEVICE_KINDS = ("cuda", "cpu")
@@ -68,6 +73,13 @@ def call(name: str, *inputs: Any, **attrs: Any) -> Any:
     op = _OPS.get(name)
     if op is None:
         raise KeyError(f"ge2 has no op named {name!r}")
+    call_key = None
+    if _backend == "triton" and call_plans.ENABLED and launch.ENABLED:
+        call_key = call_plans.key(name, inputs, attrs)
+        if call_key is not None:
+            plan = call_plans.lookup(name, call_key)
+            if plan is not None:  # this key passed the schema check before
+                return plan.replay(inputs)
     lead = op.schema.validate(name, inputs, attrs)
     key = (_backend, lead.device.type, lead.dtype)
     fn = op.impls.get(key)
@@ -79,6 +91,8 @@ def call(name: str, *inputs: Any, **attrs: Any) -> Any:
             f"{name}: no {_backend} implementation for dtype {str(lead.dtype).replace('torch.', '')} "
             f"on {key[1]} (supported: {', '.join(supported) or 'none'})"
         )
+    if call_key is not None:
+        return call_plans.run(name, call_key, fn, inputs, attrs)
     return fn(*inputs, **attrs)
 
 

@@ -489,14 +489,14 @@ def _tma_descriptors(a_view, b_view, round_tf32: bool = False):
     size = a.element_size()
     descs = []
     for t, rows, cols, s_row, s_col, k_last in ((a, M, K, sam, sak, True), (b, N, K, sbn, sbk, True)):
+        if t.data_ptr() % 16:  # checked first: TensorDescriptor asserts on a misaligned base
+            return None
         # K-major: [rows, K] with unit stride along K; else [K, rows] with unit stride along rows.
         if s_col == 1 and (s_row * size) % 16 == 0 and (K * size) % 16 == 0:
             descs.append((TensorDescriptor(t, [rows, K], [s_row, 1], [16, 16]), True))
         elif s_row == 1 and (s_col * size) % 16 == 0 and (rows * size) % 16 == 0:
             descs.append((TensorDescriptor(t, [K, rows], [s_col, 1], [16, 16]), False))
         else:
-            return None
-        if t.data_ptr() % 16:
             return None
     (a_desc, a_kmajor), (b_desc, b_kmajor) = descs
     return a_desc, b_desc, a_kmajor, b_kmajor

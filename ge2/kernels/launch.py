@@ -43,6 +43,7 @@ class _Plan:
 
 
 _PLAIN = frozenset((int, bool, str, tuple, type(None)))
+_Tensor = torch.Tensor
 
 
 def _spec(value: Any) -> Any:
@@ -75,6 +76,7 @@ class _PlannedLaunch:
 
     def run(self, *args, grid, warmup, **kwargs):
         if warmup or not ENABLED:
+            _refuse("a launch without a plan")
             return self._base.run(self, *args, grid=grid, warmup=warmup, **kwargs)
         try:
             if callable(grid):
@@ -82,20 +84,24 @@ class _PlannedLaunch:
                 meta.update(kwargs)
                 grid = grid(meta)
             grid = tuple(grid) + (1,) * (3 - len(grid))
-            # Plain ints (most arguments: sizes, strides) are their own spec: no call per argument.
-            # An int never equals a _spec tuple, so this stays as exact as _spec itself.
-            key = (grid, tuple([a if type(a) is int else _spec(a) for a in args]),
+            # Plain ints (most arguments: sizes, strides) are their own spec and tensors are keyed
+            # inline (the same tuple _spec gives): no call per argument for either. An int never
+            # equals a _spec tuple, so this stays as exact as _spec itself.
+            key = (grid, tuple([a if type(a) is int else (a.dtype, a.data_ptr() & 15 == 0)
+                                if type(a) is _Tensor else _spec(a) for a in args]),
                    tuple([(k, v if type(v) is int else _spec(v)) for k, v in kwargs.items()]))
             plans = self.__dict__.setdefault("_ge2_plans", {})
             plan = plans.get(key)
         except (KeyError, TypeError):  # a grid reading a defaulted argument, an unhashable value
+            _refuse("a launch without a plan")
             return self._base.run(self, *args, grid=grid, warmup=warmup, **kwargs)
         if plan is not None:
             STATS["hits"] += 1
             values = list(plan.values)
             for at, src in plan.slots:
                 values[at] = args[src] if isinstance(src, int) else kwargs[src]
-            return self._replay(plan, values)
+            return replay(self, plan, values)
+        _refuse(NEW_PLAN)  # compiling or autotuning: not a steady-state call
         out = self._base.run(self, *args, grid=grid, warmup=warmup, **kwargs)
         if len(plans) >= MAX_PLANS:
             plans.clear()
@@ -104,10 +110,13 @@ class _PlannedLaunch:
         return out
 
     def _slots(self, names: list[str], values: list, kwargs: dict) -> list:
+        """Where the tensors (and TMA descriptors) sit; their places in ``values`` are emptied, so a
+        plan does not keep its first call's tensors alive."""
         slots = []
         for at, (name, value) in enumerate(zip(names, values)):
             if _is_slot(value):
                 slots.append((at, name if name in kwargs else self.arg_names.index(name)))
+                values[at] = None
         return slots
 
 
@@ -155,6 +164,58 @@ class _PlannedInterpreted(_PlannedLaunch):
 
     def _replay(self, plan: _Plan, values: list):
         return self._base.run(self, *values, grid=plan.grid, warmup=False, **plan.options)
+
+
+class Recorder:
+    """The launches made while it is active (``recording``), for call plans (ge2.backend.call_plans)."""
+
+    __slots__ = ("launches", "refused", "launching")
+
+    def __init__(self):
+        self.launches: list[tuple[Any, _Plan, list]] = []  # (kernel, plan, argument values)
+        self.refused: str | None = None
+        self.launching = False  # inside a launch (the interpreter's own torch work is not the op's)
+
+    def refuse(self, why: str) -> None:
+        if self.refused is None:
+            self.refused = why
+
+
+_RECORDERS: list[Recorder] = []
+NEW_PLAN = "a launch that made a new launch plan"
+
+
+class recording:
+    """Context manager: launches inside are appended to ``recorder`` (nested recorders all see them)."""
+
+    def __init__(self, recorder: Recorder):
+        self.recorder = recorder
+
+    def __enter__(self) -> Recorder:
+        _RECORDERS.append(self.recorder)
+        return self.recorder
+
+    def __exit__(self, *exc) -> None:
+        _RECORDERS.remove(self.recorder)
+
+
+def _refuse(why: str) -> None:
+    for recorder in _RECORDERS:
+        recorder.refuse(why)
+
+
+def replay(kernel, plan: _Plan, values: list):
+    """Launch ``kernel`` from ``plan`` with these argument values (tensors or, on the GPU, addresses)."""
+    if not _RECORDERS:
+        return kernel._replay(plan, values)
+    for recorder in _RECORDERS:
+        recorder.launches.append((kernel, plan, values))
+        recorder.launching = True
+    try:
+        return kernel._replay(plan, values)
+    finally:
+        for recorder in _RECORDERS:
+            recorder.launching = False
 
 
 _CLASSES: dict[type, type] = {}

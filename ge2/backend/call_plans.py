@@ -1,0 +1,314 @@
+"""Call plans: the repeated-call path of a registry op, without the op's Python.
+
+A ge2 op call runs the schema check, the dispatch, the kernel module's launcher (shape logic,
+config choice, output allocation, TMA descriptors) and then its kernel launches: ~50-80 µs of
+Python on the H100 machine's host for one launch that itself costs ~7 µs. Training steps repeat
+the same calls with the same shapes, so a call is recorded once per *call key* (op, backend,
+precision, and per input its shape, strides, dtype, device and address mod 16; per attribute its
+value) and later calls with that key only allocate the outputs and launch the recorded kernels
+with the new tensors' addresses.
+
+A recording is kept only when it is provably a function of the key:
+
+* every launch went through a launch plan that already existed (so no autotuning or compiling
+  happened inside; the first calls of a shape are never recorded);
+* torch did nothing but allocate and view (a ``TorchDispatchMode`` watches: a fill, copy or host
+  read inside the op refuses the recording, since replay would not redo it);
+* every tensor a kernel received lies inside an input or a returned output (a scratch buffer is
+  not reproduced), inputs do not overlap, and outputs are fresh, dense allocations.
+
+Host state that changes between calls without changing the key would make a replay stale; ge2's
+ops keep none (dropout's seed and offset live in a device tensor, advanced by a kernel).
+
+Replays skip the schema check (the key was checked before) and pass raw addresses to Triton's
+launcher on the GPU; under the interpreter they rebuild tensor views, so the CPU test suite runs
+every replay path. ``GE2_CALL_PLANS=0`` turns them off; ``clear()`` forgets them (tests that
+change a module's tuning constants start from a clean table).
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ge2 import runtime
+from ge2.kernels import launch
+
+ENABLED: bool = os.environ.get("GE2_CALL_PLANS", "1") not in ("", "0")
+MAX_PLANS = 4096  # per op; a full table is cleared
+STATS = {"hits": 0, "plans": 0, "refused": 0}
+REFUSED: dict[tuple[str, str], int] = {}  # (op, why) -> recordings refused: what keeps an op off the fast path
+_Tensor = torch.Tensor
+_SCALARS = (int, bool, str, type(None))
+_FACTORIES = frozenset(("aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
+                        "aten::new_empty_strided"))
+
+
+def key(op: str, inputs: tuple, attrs: dict) -> tuple | None:
+    """The call key, or None when an input or attribute cannot be keyed (lists, tensors in attrs)."""
+    parts: list = [op, runtime.get_matmul_precision()]
+    for v in inputs:
+        kind = type(v)
+        if kind is _Tensor:
+            parts.append((v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15))
+        elif kind in _SCALARS:
+            parts.append((kind, v))
+        elif kind is float:
+            parts.append((float, v, math.copysign(1.0, v)))
+        else:
+            return None
+    for name, v in attrs.items():
+        kind = type(v)
+        if kind in _SCALARS or kind is tuple:
+            parts.append((name, kind, v))
+        elif kind is float:
+            parts.append((name, float, v, math.copysign(1.0, v)))
+        elif kind is torch.dtype:
+            parts.append((name, v))
+        else:
+            return None
+    return tuple(parts)
+
+
+class _Watch(TorchDispatchMode):
+    """Refuses the recording when torch computes, fills, copies or reads back inside the op."""
+
+    def __init__(self, recorder: launch.Recorder):
+        super().__init__()
+        self.recorder = recorder
+        self.allocated: list[torch.Tensor] = []  # kept alive while recording: no address is reused
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.recorder.launching or func.is_view:
+            return out
+        if func._schema.name in _FACTORIES:
+            self.allocated.append(out)
+        elif not _metadata_only(func):
+            self.recorder.refuse(f"torch ran {func}")
+        return out
+
+
+def _metadata_only(func) -> bool:
+    """An aten op that returns no tensor and reads no tensor data (promote_types, sizes); not a host read."""
+    schema = func._schema
+    return (schema.name != "aten::_local_scalar_dense" and not schema.is_mutable
+            and all("Tensor" not in str(r.type) for r in schema.returns))
+
+
+class _Address:
+    """What a replayed TMA descriptor's base needs to be for Triton's launcher."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+class _Descriptor:
+    """A host TMA descriptor as Triton's launcher reads it (base address, shape, strides, block)."""
+
+    __slots__ = ("base", "shape", "strides", "block_shape", "padding")
+
+    def __init__(self, base, shape, strides, block_shape, padding):
+        self.base, self.shape, self.strides, self.block_shape, self.padding = base, shape, strides, block_shape, padding
+
+
+class CallPlan:
+    """Outputs and scratch to allocate, and the launches to replay, each kernel tensor argument as (source, offset)."""
+
+    __slots__ = ("in_index", "outputs", "result", "launches")
+
+    def __init__(self, in_index, outputs, result, launches):
+        self.in_index = in_index  # positions of the tensor inputs; sources 0.. are these, then the outputs
+        self.outputs = outputs    # (shape, stride, dtype, device) per fresh output, then per scratch buffer
+        self.result = result      # the returned structure: ("in", i) / ("out", j) / ("const", v) / (tuple|list, items)
+        self.launches = launches  # (kernel, launch plan, values with None in the slots, slots)
+
+    def replay(self, inputs: tuple) -> Any:
+        outs = [torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                for shape, stride, dtype, device in self.outputs]
+        tensors = [inputs[i] for i in self.in_index] + outs
+        interpreted = runtime.is_interpreter()
+        bases = tensors if interpreted else [t.data_ptr() for t in tensors]
+        for kernel, plan, template, slots in self.launches:
+            values = list(template)
+            for at, src, delta, meta in slots:
+                if interpreted:
+                    values[at] = _view(bases[src], delta, meta)
+                elif meta is None:
+                    values[at] = bases[src] + delta
+                else:
+                    values[at] = _Descriptor(_Address(bases[src] + delta), *meta)
+            launch.replay(kernel, plan, values)
+        STATS["hits"] += 1
+        return _build(self.result, inputs, outs)
+
+
+def _view(base: torch.Tensor, delta: int, meta: tuple) -> torch.Tensor:
+    """Interpreter replay: the recorded argument as a view of ``base``'s storage."""
+    size, stride, dtype = meta
+    offset = (base.data_ptr() + delta - base.untyped_storage().data_ptr()) // dtype.itemsize
+    return torch.empty(0, dtype=dtype, device=base.device).set_(base.untyped_storage(), offset, size, stride)
+
+
+def _build(result, inputs: tuple, outs: list) -> Any:
+    kind, value = result
+    if kind == "out":
+        return outs[value]
+    if kind == "in":
+        return inputs[value]
+    if kind == "const":
+        return value
+    return kind(_build(item, inputs, outs) for item in value)
+
+
+def _extent(t: torch.Tensor) -> int:
+    """Bytes from t's first element to one past its last."""
+    if t.numel() == 0:
+        return 0
+    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+ALIASED = "inputs that overlap"
+# Refusals that say nothing about the key's next call: they do not count against RECORD_TRIES.
+TRANSIENT = (ALIASED, launch.NEW_PLAN)
+
+
+def record(op: str, fn: Callable[..., Any], inputs: tuple, attrs: dict) -> tuple[Any, CallPlan | None, str | None]:
+    """Run ``fn(*inputs, **attrs)`` while recording its launches: (its result, a plan or None, why not)."""
+    recorder = launch.Recorder()
+    with launch.recording(recorder), _Watch(recorder) as watch:
+        out = fn(*inputs, **attrs)
+    plan = _plan(recorder, inputs, out, watch.allocated) if recorder.refused is None else None
+    why = None
+    if plan is None:
+        STATS["refused"] += 1
+        why = recorder.refused or "a kernel argument outside the inputs and outputs (scratch kept by the op)"
+        REFUSED[(op, why)] = REFUSED.get((op, why), 0) + 1
+    else:
+        STATS["plans"] += 1
+    return out, plan, why
+
+
+def _plan(recorder: launch.Recorder, inputs: tuple, out: Any, allocated: list) -> CallPlan | None:
+    # sources: tensor inputs, then fresh outputs; each as (first byte, end byte) of what a kernel may touch
+    in_index = [i for i, v in enumerate(inputs) if type(v) is _Tensor]
+    ranges = []
+    for i in in_index:
+        t = inputs[i]
+        lo = t.data_ptr()
+        hi = lo + _extent(t)
+        if any(lo < h and l < hi for l, h in ranges):
+            recorder.refuse(ALIASED)  # which input a kernel argument came from would be ambiguous
+            return None
+        ranges.append((lo, hi))
+    outputs: list = []
+    out_tensors: list = []
+
+    def template(value):
+        kind = type(value)
+        if kind is _Tensor:
+            for j, i in enumerate(in_index):
+                if value is inputs[i]:
+                    return "in", i
+            lo = value.data_ptr()
+            if (value.storage_offset() or value.untyped_storage().nbytes() != _extent(value)
+                    or lo & 15 or any(lo < h and l < lo + _extent(value) for l, h in ranges)):
+                recorder.refuse("an output that is a view or an alias")  # empty_strided would not reproduce it
+                raise LookupError
+            ranges.append((lo, lo + _extent(value)))
+            outputs.append((value.shape, value.stride(), value.dtype, value.device))
+            out_tensors.append(value)
+            return "out", len(outputs) - 1
+        if kind in (tuple, list):
+            return kind, [template(v) for v in value]
+        if kind in _SCALARS or kind is float:
+            return "const", value
+        raise LookupError
+
+    try:
+        result = template(out)
+    except LookupError:
+        return None
+    # Scratch: what the op allocated and did not return. torch never filled it (a fill refuses the
+    # recording), so no kernel relies on its contents: a fresh allocation of the same layout replays it.
+    for t in allocated:
+        lo = t.data_ptr()
+        if any(lo == o.data_ptr() for o in out_tensors):
+            continue
+        if t.storage_offset() or any(lo < h and l < lo + _extent(t) for l, h in ranges):
+            return None
+        ranges.append((lo, lo + _extent(t)))
+        outputs.append((t.shape, t.stride(), t.dtype, t.device))
+        out_tensors.append(t)
+    if any(hi == lo for lo, hi in ranges):
+        return None  # an empty tensor has no address to tell it apart
+    starts = [t.data_ptr() for t in [inputs[i] for i in in_index] + out_tensors]
+
+    def source(ptr: int) -> tuple[int, int]:
+        for src, (lo, hi) in enumerate(ranges):
+            if lo <= ptr < hi:
+                return src, ptr - starts[src]
+        raise LookupError
+
+    launches = []
+    try:
+        for kernel, plan, values in recorder.launches:
+            tmpl, slots = list(values), []
+            for at, _ in plan.slots:
+                v = values[at]
+                tmpl[at] = None
+                if type(v) is _Tensor or isinstance(v, _Tensor):
+                    src, delta = source(v.data_ptr())
+                    slots.append((at, src, delta, (v.shape, v.stride(), v.dtype) if runtime.is_interpreter() else None))
+                else:  # a TMA descriptor
+                    src, delta = source(v.base.data_ptr())
+                    slots.append((at, src, delta, (list(v.shape), list(v.strides), list(v.block_shape),
+                                                   getattr(v, "padding", "zero"))))
+            launches.append((kernel, plan, tmpl, slots))
+    except LookupError:
+        return None  # a scratch buffer (or a cached tensor) the replay would not provide
+    return CallPlan(in_index, outputs, result, launches)
+
+
+_PLANS: dict[str, dict] = {}
+_SEEN: dict[str, dict] = {}  # op -> call key -> calls without a plan so far
+RECORD_TRIES = 3  # recordings refused before a key runs plainly for good (a scratch buffer, a fill)
+
+
+def lookup(op: str, call_key: tuple) -> CallPlan | None:
+    table = _PLANS.get(op)
+    return table.get(call_key) if table is not None else None
+
+
+def run(op: str, call_key: tuple, fn: Callable[..., Any], inputs: tuple, attrs: dict) -> Any:
+    """A call without a plan: the first time for this key it only runs, then it records (a few tries)."""
+    seen = _SEEN.setdefault(op, {})
+    calls = seen.get(call_key, 0)
+    if calls == 0 or calls > RECORD_TRIES:
+        if calls == 0 and len(seen) >= MAX_PLANS:
+            seen.clear()
+        seen[call_key] = calls + (calls == 0)
+        return fn(*inputs, **attrs)
+    out, plan, why = record(op, fn, inputs, attrs)
+    if why not in TRANSIENT:
+        seen[call_key] = calls + 1
+    if plan is not None:
+        table = _PLANS.setdefault(op, {})
+        if len(table) >= MAX_PLANS:
+            table.clear()
+        table[call_key] = plan
+    return out
+
+
+def clear() -> None:
+    """Forget every call plan (and which keys were seen)."""
+    _PLANS.clear()
+    _SEEN.clear()

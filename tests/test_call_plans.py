@@ -1,0 +1,155 @@
+"""Call plans (ge2.backend.call_plans): replayed op calls give what the full path gives, and
+recordings that a replay could not reproduce are refused."""
+import gc
+import weakref
+
+import pytest
+import torch
+
+import ge2
+import ge2.nn.functional as F
+from ge2.backend import call_plans, registry
+from ge2.kernels import gemm as gemm_kernels
+from numerics import DEVICE, randn
+
+pytestmark = pytest.mark.skipif(not call_plans.ENABLED, reason="GE2_CALL_PLANS=0")
+
+
+def _calls(fn, inputs_per_call):
+    """fn on each input tuple; returns the results and how many of the calls were replays."""
+    hits = call_plans.STATS["hits"]
+    outs = [fn(*inputs) for inputs in inputs_per_call]
+    return outs, call_plans.STATS["hits"] - hits
+
+
+def _fresh(*shape, noncontig=False, dtype=torch.float32):
+    return [randn(*shape, noncontig=noncontig, dtype=dtype) for _ in range(4)]
+
+
+@pytest.mark.parametrize("noncontig", [False, True])
+def test_binary_broadcast_replays_match_torch(noncontig):
+    xs, ys = _fresh(5, 7, noncontig=noncontig), _fresh(1, 7)
+    outs, hits = _calls(lambda x, y: registry.call("add", x, y), list(zip(xs, ys)))
+    assert hits == 2  # seen, recorded, replayed twice
+    for out, x, y in zip(outs, xs, ys):
+        torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+
+
+def test_gemm_forward_and_backward_replays_match_torch():
+    """Linear + relu forward and backward through autograd, four steps of new data."""
+    hits0 = call_plans.STATS["hits"]
+    for step in range(4):
+        x, w, b = randn(6, 9), randn(5, 9), randn(5)
+        gx, gw, gb = (ge2.from_torch(t, requires_grad=True) for t in (x, w, b))
+        y = F.linear(gx, gw, gb, activation="relu")
+        gy = randn(6, 5)
+        y.backward(ge2.from_torch(gy))
+        tx, tw, tb = (t.clone().requires_grad_() for t in (x, w, b))
+        ty = torch.relu(tx @ tw.T + tb)
+        ty.backward(gy)
+        torch.testing.assert_close(y.data, ty.detach(), rtol=1e-5, atol=1e-5)
+        for mine, ref in ((gx, tx), (gw, tw), (gb, tb)):
+            torch.testing.assert_close(mine.grad.data, ref.grad, rtol=1e-5, atol=1e-5)
+    assert call_plans.STATS["hits"] - hits0 >= 4  # forward and backward replayed in steps 3 and 4
+
+
+def test_scratch_buffers_are_reallocated(monkeypatch):
+    """Split-K writes partial sums into a scratch buffer the op allocates; a replay gets its own."""
+    monkeypatch.setattr(gemm_kernels, "SPLIT_K_MIN_K", 16)
+    monkeypatch.setattr(gemm_kernels, "SPLIT_K_CHUNK", 32)
+    a, b = _fresh(3, 100), _fresh(100, 4)
+    outs, hits = _calls(lambda x, y: registry.call("gemm", x, y)[0], list(zip(a, b)))
+    assert hits == 2
+    for out, x, y in zip(outs, a, b):
+        torch.testing.assert_close(out, (x.double() @ y.double()).float(), rtol=1e-5, atol=1e-5)
+
+
+def test_views_with_other_offsets_replay():
+    """Inputs that are views at different storage offsets (same shape and strides) share a plan."""
+    base = randn(12, 8)
+    views = [base[i:i + 5, 1:] for i in range(4)]
+    outs, hits = _calls(lambda x: registry.call("activation", x, act="relu"), [(v,) for v in views])
+    assert hits == 2
+    for out, v in zip(outs, views):
+        torch.testing.assert_close(out, torch.relu(v), rtol=0, atol=0)
+
+
+def test_aliased_inputs_are_not_recorded_and_do_not_confuse_a_plan():
+    x = randn(4, 6)
+    for _ in range(4):
+        torch.testing.assert_close(registry.call("add", x, x), x + x, rtol=0, atol=0)
+    assert ("add", call_plans.ALIASED) in call_plans.REFUSED
+    ys, zs = _fresh(4, 6), _fresh(4, 6)
+    outs, hits = _calls(lambda y, z: registry.call("add", y, z), list(zip(ys, zs)))
+    assert hits == 3  # the aliased calls do not use up the key's recordings: the first call records
+    for out, y, z in zip(outs, ys, zs):
+        torch.testing.assert_close(out, y + z, rtol=0, atol=0)
+
+
+def test_torch_work_inside_an_op_refuses_the_recording():
+    """An op that fills or copies with torch cannot be replayed from its launches alone."""
+    name = "test_call_plans_fill"
+    if name not in registry.ops():
+        from ge2.backend.schema import Schema, TensorArg
+
+        registry.defop(name, Schema((TensorArg("x"),)))
+
+        @registry.register(name, "triton")
+        def _fill_then_add(x):
+            y = torch.ones_like(x)  # torch computes: a replay would skip this fill
+            return registry.call("add", x, y)
+
+    xs = _fresh(3, 3)
+    outs, hits = _calls(lambda x: registry.call(name, x), [(x,) for x in xs])
+    for out, x in zip(outs, xs):
+        torch.testing.assert_close(out, x + 1, rtol=0, atol=0)
+    assert any(op == name and "torch ran" in why for op, why in call_plans.REFUSED)
+    assert call_plans.lookup(name, call_plans.key(name, (xs[0],), {})) is None
+
+
+def test_keys_separate_dtypes_precisions_and_attributes():
+    x32, x16 = randn(4, 5), randn(4, 5, dtype=torch.bfloat16)
+    k = call_plans.key("relu", (x32,), {})
+    assert k != call_plans.key("relu", (x16,), {})
+    assert k != call_plans.key("relu", (x32.t().contiguous().t(),), {})  # other strides
+    assert call_plans.key("softmax", (x32,), {"dim": 0}) != call_plans.key("softmax", (x32,), {"dim": 1})
+    assert call_plans.key("x", (1.0,), {}) != call_plans.key("x", (-0.0,), {}) != call_plans.key("x", (0.0,), {})
+    before = call_plans.key("gemm", (x32, x32), {})
+    ge2.set_matmul_precision("ieee" if ge2.get_matmul_precision() != "ieee" else "tf32")  # conftest restores it
+    assert call_plans.key("gemm", (x32, x32), {}) != before
+    assert call_plans.key("x", ([x32],), {}) is None  # lists are not keyed: such calls take the full path
+
+
+def test_plans_do_not_keep_inputs_alive():
+    for _ in range(4):
+        x = randn(64, 33)
+        registry.call("activation", x, act="relu")
+    ref = weakref.ref(x)
+    del x
+    gc.collect()
+    assert ref() is None
+
+
+def test_training_steps_replay_and_match_the_full_path(monkeypatch):
+    """Six SGD steps of a small MLP: with call plans they give the parameters the full path gives."""
+
+    def train(plans: bool):
+        monkeypatch.setattr(call_plans, "ENABLED", plans)
+        call_plans.clear()
+        torch.manual_seed(0)
+        model = ge2.nn.Sequential(ge2.nn.Linear(7, 11), ge2.nn.ReLU(), ge2.nn.Linear(11, 3)).to(DEVICE)
+        opt = ge2.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(6):
+            x = ge2.from_torch(torch.randn(5, 7, generator=g).to(DEVICE))
+            y = ge2.from_torch(torch.randint(0, 3, (5,), generator=g).to(DEVICE))
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        return [p.data.clone() for p in model.parameters()]
+
+    hits = call_plans.STATS["hits"]
+    replayed = train(True)
+    assert call_plans.STATS["hits"] - hits >= 12
+    for mine, ref in zip(replayed, train(False)):
+        torch.testing.assert_close(mine, ref, rtol=0, atol=0)
