@@ -79,9 +79,10 @@ def test_aliased_inputs_are_not_recorded_and_do_not_confuse_a_plan():
     for _ in range(4):
         torch.testing.assert_close(registry.call("add", x, x), x + x, rtol=0, atol=0)
     assert ("add", call_plans.ALIASED) in call_plans.REFUSED
+    assert call_plans.key("add", (x, x), {}) != call_plans.key("add", (x, x.clone()), {})
     ys, zs = _fresh(4, 6), _fresh(4, 6)
     outs, hits = _calls(lambda y, z: registry.call("add", y, z), list(zip(ys, zs)))
-    assert hits == 3  # the aliased calls do not use up the key's recordings: the first call records
+    assert hits == 2  # distinct inputs have their own key, untouched by the aliased calls' refusals
     for out, y, z in zip(outs, ys, zs):
         torch.testing.assert_close(out, y + z, rtol=0, atol=0)
 
@@ -153,3 +154,26 @@ def test_training_steps_replay_and_match_the_full_path(monkeypatch):
     assert call_plans.STATS["hits"] - hits >= 12
     for mine, ref in zip(replayed, train(False)):
         torch.testing.assert_close(mine, ref, rtol=0, atol=0)
+
+
+def test_torch_copies_inside_an_op_are_replayed():
+    """conv2d on NCHW input copies it to channels-last with torch (a clone): the replay redoes the copy."""
+    xs = [randn(2, 3, 6, 5) for _ in range(4)]
+    w, b = randn(4, 3, 3, 3), randn(4)
+    outs, hits = _calls(lambda x: registry.call("conv2d", x, w, b, padding=1)[0], [(x,) for x in xs])
+    for out, x in zip(outs, xs):
+        ref = torch.nn.functional.conv2d(x.double(), w.double(), b.double(), padding=1)
+        torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-4)
+    assert hits == 2, call_plans.REFUSED
+
+
+def test_kmajor_copies_in_gemm_backward_are_replayed(monkeypatch):
+    """fp32 backward GEMMs copy an operand K-major with torch first; replays redo the copy."""
+    monkeypatch.setattr(gemm_kernels, "KMAJOR_COPY_MIN", 0)
+    ge2.set_matmul_precision("tf32x3")  # conftest restores it
+    a, b, gys = _fresh(5, 7), _fresh(7, 6), _fresh(5, 6)
+    outs, hits = _calls(lambda x, y, gy: registry.call("gemm_backward", gy, x, y), list(zip(a, b, gys)))
+    assert hits == 2, call_plans.REFUSED
+    for (da, db, _, _), x, y, gy in zip(outs, a, b, gys):
+        torch.testing.assert_close(da, gy @ y.T, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(db, x.T @ gy, rtol=1e-5, atol=1e-5)

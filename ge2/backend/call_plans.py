@@ -50,10 +50,14 @@ _FACTORIES = frozenset(("aten::empty", "aten::empty_strided", "aten::empty_like"
 def key(op: str, inputs: tuple, attrs: dict) -> tuple | None:
     """The call key, or None when an input or attribute cannot be keyed (lists, tensors in attrs)."""
     parts: list = [op, runtime.get_matmul_precision()]
+    ptrs: list = []
     for v in inputs:
         kind = type(v)
         if kind is _Tensor:
-            parts.append((v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15))
+            ptr = v.data_ptr()
+            # the same tensor passed twice (x * x) is its own key: such calls are never recorded
+            parts.append((v.shape, v.stride(), v.dtype, v.device, ptr & 15, ptr in ptrs))
+            ptrs.append(ptr)
         elif kind in _SCALARS:
             parts.append((kind, v))
         elif kind is float:
@@ -85,11 +89,25 @@ class _Watch(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if self.recorder.launching or func.is_view:
             return out
-        if func._schema.name in _FACTORIES:
+        name = func._schema.name
+        if name in _FACTORIES:
             self.allocated.append(out)
+        elif func in _DATA_OPS:
+            if _DATA_OPS[func][1]:  # it made a new tensor: an allocation, then the step fills it
+                self.allocated.append(out)
+            self.recorder.launches.append((None, func, (args, kwargs or {}, out)))
         elif not _metadata_only(func):
             self.recorder.refuse(f"torch ran {func}")
         return out
+
+
+_aten = torch.ops.aten
+# torch's data movement inside an op, replayed as in-place steps on the replay's tensors:
+# op -> (which argument is the destination ("out": the result), allocates a new tensor?)
+_DATA_OPS = {
+    _aten.copy_.default: (0, False), _aten.zero_.default: (0, False), _aten.fill_.Scalar: (0, False),
+    _aten.clone.default: ("out", True), _aten._to_copy.default: ("out", True), _aten.zeros.default: ("out", True),
+}
 
 
 def _metadata_only(func) -> bool:
@@ -129,7 +147,8 @@ class CallPlan:
         self.in_index = in_index  # positions of the tensor inputs; sources 0.. are these, then the outputs
         self.outputs = outputs    # (shape, stride, dtype, device) per fresh output, then per scratch buffer
         self.result = result      # the returned structure: ("in", i) / ("out", j) / ("const", v) / (tuple|list, items)
-        self.launches = launches  # (kernel, launch plan, values with None in the slots, slots)
+        self.launches = launches  # (kernel, launch plan, values with None in the slots, slots); for a torch
+        # step: (None, "copy" | "fill", fill value, [(source, offset, view) of the destination, of the source])
 
     def replay(self, inputs: tuple) -> Any:
         outs = [torch.empty_strided(shape, stride, dtype=dtype, device=device)
@@ -138,6 +157,13 @@ class CallPlan:
         interpreted = runtime.is_interpreter()
         bases = tensors if interpreted else [t.data_ptr() for t in tensors]
         for kernel, plan, template, slots in self.launches:
+            if kernel is None:  # a torch copy or fill: plan is "copy" or "fill", slots its two operands
+                dst = _view(tensors[slots[0][0]], slots[0][1], slots[0][2])
+                if plan == "copy":
+                    dst.copy_(_view(tensors[slots[1][0]], slots[1][1], slots[1][2]))
+                else:
+                    dst.fill_(template)
+                continue
             values = list(template)
             for at, src, delta, meta in slots:
                 if interpreted:
@@ -178,7 +204,7 @@ def _extent(t: torch.Tensor) -> int:
 
 ALIASED = "inputs that overlap"
 # Refusals that say nothing about the key's next call: they do not count against RECORD_TRIES.
-TRANSIENT = (ALIASED, launch.NEW_PLAN)
+TRANSIENT = (launch.NEW_PLAN,)
 
 
 def record(op: str, fn: Callable[..., Any], inputs: tuple, attrs: dict) -> tuple[Any, CallPlan | None, str | None]:
@@ -251,6 +277,7 @@ def _plan(recorder: launch.Recorder, inputs: tuple, out: Any, allocated: list) -
     if any(hi == lo for lo, hi in ranges):
         return None  # an empty tensor has no address to tell it apart
     starts = [t.data_ptr() for t in [inputs[i] for i in in_index] + out_tensors]
+    devices = [t.device for t in [inputs[i] for i in in_index] + out_tensors]
 
     def source(ptr: int) -> tuple[int, int]:
         for src, (lo, hi) in enumerate(ranges):
@@ -258,9 +285,28 @@ def _plan(recorder: launch.Recorder, inputs: tuple, out: Any, allocated: list) -
                 return src, ptr - starts[src]
         raise LookupError
 
+    def view_of(t: torch.Tensor) -> tuple:
+        src, delta = source(t.data_ptr())
+        if t.device != devices[src]:  # an address range of another device
+            raise LookupError
+        return src, delta, (t.shape, t.stride(), t.dtype)
+
     launches = []
     try:
         for kernel, plan, values in recorder.launches:
+            if kernel is None:  # a torch data step: (func, (args, kwargs, result))
+                func, (args, _kwargs, made) = plan, values
+                dst = made if _DATA_OPS[func][0] == "out" else args[0]
+                if func in (_aten.zero_.default, _aten.zeros.default):
+                    launches.append((None, "fill", 0, [view_of(dst)]))
+                elif func is _aten.fill_.Scalar:
+                    launches.append((None, "fill", args[1], [view_of(dst)]))
+                else:  # copy_(dst, src), clone(src), _to_copy(src, dtype=...): a copy from args' source
+                    src = args[1] if func is _aten.copy_.default else args[0]
+                    if type(src) is not _Tensor:
+                        raise LookupError
+                    launches.append((None, "copy", None, [view_of(dst), view_of(src)]))
+                continue
             tmpl, slots = list(values), []
             for at, _ in plan.slots:
                 v = values[at]
