@@ -177,3 +177,18 @@ def test_kmajor_copies_in_gemm_backward_are_replayed(monkeypatch):
     for (da, db, _, _), x, y, gy in zip(outs, a, b, gys):
         torch.testing.assert_close(da, gy @ y.T, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(db, x.T @ gy, rtol=1e-5, atol=1e-5)
+
+
+def test_outputs_that_are_views_of_allocations_replay():
+    """conv2d_backward may return dX as a permuted view of a channels-last buffer it allocated."""
+    xs, gys = [randn(2, 3, 7, 6) for _ in range(4)], [randn(2, 4, 7, 6) for _ in range(4)]
+    w = randn(4, 3, 3, 3)
+    for step, (x, gy) in enumerate(zip(xs, gys)):
+        gx = ge2.from_torch(x, requires_grad=True)
+        gw = ge2.from_torch(w, requires_grad=True)
+        F.conv2d(gx, gw, padding=1).backward(ge2.from_torch(gy))
+        tx, tw = x.double().requires_grad_(), w.double().requires_grad_()
+        torch.nn.functional.conv2d(tx, tw, padding=1).backward(gy.double())
+        torch.testing.assert_close(gx.grad.data.double(), tx.grad, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(gw.grad.data.double(), tw.grad, rtol=1e-4, atol=1e-4)
+    assert not [k for k in call_plans.REFUSED if k[0].startswith("conv2d")], call_plans.REFUSED

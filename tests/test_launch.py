@@ -10,11 +10,17 @@ import torch
 import ge2
 import ge2.nn as nn
 import ge2.nn.functional as F
-from ge2.backend import call
+from ge2.backend import call, call_plans
 from ge2.kernels import launch
 from numerics import DEVICE, randn
 
 pytestmark = pytest.mark.skipif(not launch.ENABLED, reason="launch plans are off (GE2_LAUNCH_PLANS=0)")
+
+
+@pytest.fixture(autouse=True)
+def _launch_plans_only(monkeypatch):
+    """Call plans (one layer up) would replay these calls without reaching the launch plans."""
+    monkeypatch.setattr(call_plans, "ENABLED", False)
 
 
 def _hits() -> int:

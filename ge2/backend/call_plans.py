@@ -146,11 +146,13 @@ class CallPlan:
     def __init__(self, in_index, outputs, result, launches):
         self.in_index = in_index  # positions of the tensor inputs; sources 0.. are these, then the outputs
         self.outputs = outputs    # (shape, stride, dtype, device) per fresh output, then per scratch buffer
-        self.result = result      # the returned structure: ("in", i) / ("out", j) / ("const", v) / (tuple|list, items)
+        self.result = result      # returned: ("in", input i) / ("out", source) / ("view", (source, offset, view)) /
+        # ("const", v) / (tuple or list, items)
         self.launches = launches  # (kernel, launch plan, values with None in the slots, slots); for a torch
         # step: (None, "copy" | "fill", fill value, [(source, offset, view) of the destination, of the source])
 
     def replay(self, inputs: tuple) -> Any:
+        """The call's result for new inputs of the recorded key."""
         outs = [torch.empty_strided(shape, stride, dtype=dtype, device=device)
                 for shape, stride, dtype, device in self.outputs]
         tensors = [inputs[i] for i in self.in_index] + outs
@@ -174,7 +176,7 @@ class CallPlan:
                     values[at] = _Descriptor(_Address(bases[src] + delta), *meta)
             launch.replay(kernel, plan, values)
         STATS["hits"] += 1
-        return _build(self.result, inputs, outs)
+        return _build(self.result, inputs, tensors)
 
 
 def _view(base: torch.Tensor, delta: int, meta: tuple) -> torch.Tensor:
@@ -184,15 +186,18 @@ def _view(base: torch.Tensor, delta: int, meta: tuple) -> torch.Tensor:
     return torch.empty(0, dtype=dtype, device=base.device).set_(base.untyped_storage(), offset, size, stride)
 
 
-def _build(result, inputs: tuple, outs: list) -> Any:
+def _build(result, inputs: tuple, tensors: list) -> Any:
+    """The returned structure from its template; ``tensors``: the tensor inputs, then outputs and scratch."""
     kind, value = result
     if kind == "out":
-        return outs[value]
+        return tensors[value]
     if kind == "in":
         return inputs[value]
     if kind == "const":
         return value
-    return kind(_build(item, inputs, outs) for item in value)
+    if kind == "view":
+        return _view(tensors[value[0]], value[1], value[2])
+    return kind(_build(item, inputs, tensors) for item in value)
 
 
 def _extent(t: torch.Tensor) -> int:
@@ -237,6 +242,7 @@ def _plan(recorder: launch.Recorder, inputs: tuple, out: Any, allocated: list) -
         ranges.append((lo, hi))
     outputs: list = []
     out_tensors: list = []
+    views: list = []
 
     def template(value):
         kind = type(value)
@@ -247,12 +253,12 @@ def _plan(recorder: launch.Recorder, inputs: tuple, out: Any, allocated: list) -
             lo = value.data_ptr()
             if (value.storage_offset() or value.untyped_storage().nbytes() != _extent(value)
                     or lo & 15 or any(lo < h and l < lo + _extent(value) for l, h in ranges)):
-                recorder.refuse("an output that is a view or an alias")  # empty_strided would not reproduce it
-                raise LookupError
+                views.append(value)  # a view of an input or of a buffer the op allocated: resolved below
+                return "view", len(views) - 1
             ranges.append((lo, lo + _extent(value)))
             outputs.append((value.shape, value.stride(), value.dtype, value.device))
             out_tensors.append(value)
-            return "out", len(outputs) - 1
+            return "out", len(in_index) + len(outputs) - 1  # its place among the sources
         if kind in (tuple, list):
             return kind, [template(v) for v in value]
         if kind in _SCALARS or kind is float:
@@ -263,6 +269,8 @@ def _plan(recorder: launch.Recorder, inputs: tuple, out: Any, allocated: list) -
         result = template(out)
     except LookupError:
         return None
+    if views and any(t is v for t in allocated for v in views):
+        return None  # an allocation returned as a view of itself would not be told apart
     # Scratch: what the op allocated and did not return. torch never filled it (a fill refuses the
     # recording), so no kernel relies on its contents: a fresh allocation of the same layout replays it.
     for t in allocated:
@@ -291,8 +299,17 @@ def _plan(recorder: launch.Recorder, inputs: tuple, out: Any, allocated: list) -
             raise LookupError
         return src, delta, (t.shape, t.stride(), t.dtype)
 
+    def resolve_views(item):
+        kind, value = item
+        if kind == "view":
+            return "view", view_of(views[value])
+        if kind in (tuple, list):
+            return kind, [resolve_views(v) for v in value]
+        return item
+
     launches = []
     try:
+        result = resolve_views(result)
         for kernel, plan, values in recorder.launches:
             if kernel is None:  # a torch data step: (func, (args, kwargs, result))
                 func, (args, _kwargs, made) = plan, values
