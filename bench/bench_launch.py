@@ -2,7 +2,9 @@
 
 Each case is called N times back to back without synchronising (the GPU queue absorbs the
 kernels; the host loop is what is timed), after a warm-up that compiles and tunes everything.
-Cases: a tiny elementwise add, a tiny Linear+relu forward, and its forward+backward. Writes
+Cases: a tiny elementwise add (through autograd, and as a bare registry call that replays its call
+plan), the bare compiled-kernel launch for scale, a tiny Linear+relu forward, and its
+forward+backward. Writes
 bench/results/launch.json. On the interpreter the numbers include running the kernels and mean
 nothing; run on a GPU.
 """
@@ -19,7 +21,16 @@ sys.path.insert(0, str(ROOT))
 
 import ge2  # noqa: E402
 import ge2.nn.functional as F  # noqa: E402
+import triton  # noqa: E402  (after ge2, which decides TRITON_INTERPRET first)
+import triton.language as tl  # noqa: E402
 from bench.harness import RESULTS_DIR, environment, host_us  # noqa: E402
+
+
+@triton.jit
+def _add_kernel(a, b, o, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(o + i, tl.load(a + i, mask=m) + tl.load(b + i, mask=m), mask=m)
 
 
 def main() -> None:
@@ -37,13 +48,28 @@ def main() -> None:
     def torch_fwd_bwd():
         torch.relu(torch.nn.functional.linear(xt, wr, br)).sum().backward()
 
+    yt = torch.randn(64, 128, device=dev)
+    y = ge2.from_torch(yt)
+    from ge2.backend import call_plans, registry
+    from ge2.kernels import launch
+
     cases = {
-        "add 64x128": (lambda: x + x, lambda: xt + xt),
+        "add x + y 64x128": (lambda: x + y, lambda: xt + yt),
+        # the same tensor twice is its own call-plan key, never recorded (ARCHITECTURE.md "Call plans")
+        "add x + x 64x128 (full path)": (lambda: x + x, lambda: xt + xt),
+        "registry add (call plan)": (lambda: registry.call("add", xt, yt), lambda: xt + yt),
+        "compiled kernel launch, bare": (lambda: runner(xt, yt, out, 64 * 128, 1024), lambda: xt + yt),
         "linear+relu fwd 64x128->64": (lambda: F.linear(x, w, b, activation="relu"),
                                         lambda: torch.relu(torch.nn.functional.linear(xt, wt, bt))),
         "linear+relu fwd+bwd (+sum)": (ge2_fwd_bwd, torch_fwd_bwd),
     }
+    out = torch.empty_like(xt)
+    runner = _add_kernel[(8,)](xt, yt, out, 64 * 128, BLOCK=1024)[(8, 1, 1)] if torch.cuda.is_available() else None
+    if runner is None:
+        del cases["compiled kernel launch, bare"]
     rows = []
+    print(f"call plans: {'on' if call_plans.ENABLED else 'off'} (GE2_CALL_PLANS), "
+          f"launch plans: {'on' if launch.ENABLED else 'off'} (GE2_LAUNCH_PLANS)")
     print(f"{'case':30} {'ge2 us':>9} {'torch us':>9} {'ge2/torch':>9}")
     for name, (g, t) in cases.items():
         with ge2.no_grad() if "bwd" not in name else ge2.enable_grad():
@@ -52,7 +78,8 @@ def main() -> None:
         rows.append({"case": name, "ge2_us": gu, "torch_us": tu, "ratio": gu / tu})
         print(f"{name:30} {gu:9.1f} {tu:9.1f} {gu / tu:9.2f}")
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / "launch.json").write_text(json.dumps({"name": "launch", **environment(), "rows": rows}, indent=1))
+    (RESULTS_DIR / "launch.json").write_text(json.dumps({"name": "launch", **environment(), "rows": rows,
+                                                         "call_plans": dict(call_plans.STATS)}, indent=1))
 
 
 if __name__ == "__main__":
