@@ -12,10 +12,12 @@ A recording is kept only when it is provably a function of the key:
 
 * every launch went through a launch plan that already existed (so no autotuning or compiling
   happened inside; the first calls of a shape are never recorded);
-* torch did nothing but allocate and view (a ``TorchDispatchMode`` watches: a fill, copy or host
-  read inside the op refuses the recording, since replay would not redo it);
-* every tensor a kernel received lies inside an input or a returned output (a scratch buffer is
-  not reproduced), inputs do not overlap, and outputs are fresh, dense allocations.
+* torch did nothing but allocate, view, copy and fill (a ``TorchDispatchMode`` watches; copies and
+  fills are replayed as steps on the new tensors; any other torch op, or a host read, refuses the
+  recording);
+* every tensor a kernel (or a torch step) touched lies inside an input, a returned output, or a
+  buffer the op allocated (scratch, reallocated on replay), and inputs do not overlap. A cached
+  buffer the op kept from an earlier call refuses the recording.
 
 Host state that changes between calls without changing the key would make a replay stale; ge2's
 ops keep none (dropout's seed and offset live in a device tensor, advanced by a kernel).
@@ -78,7 +80,7 @@ def key(op: str, inputs: tuple, attrs: dict) -> tuple | None:
 
 
 class _Watch(TorchDispatchMode):
-    """Refuses the recording when torch computes, fills, copies or reads back inside the op."""
+    """Records torch's allocations, copies and fills inside the op; refuses on anything else."""
 
     def __init__(self, recorder: launch.Recorder):
         super().__init__()
@@ -180,7 +182,7 @@ class CallPlan:
 
 
 def _view(base: torch.Tensor, delta: int, meta: tuple) -> torch.Tensor:
-    """Interpreter replay: the recorded argument as a view of ``base``'s storage."""
+    """A recorded tensor (size, stride, dtype) at byte ``delta`` from ``base``'s start, as a view of its storage."""
     size, stride, dtype = meta
     offset = (base.data_ptr() + delta - base.untyped_storage().data_ptr()) // dtype.itemsize
     return torch.empty(0, dtype=dtype, device=base.device).set_(base.untyped_storage(), offset, size, stride)
@@ -229,36 +231,39 @@ def record(op: str, fn: Callable[..., Any], inputs: tuple, attrs: dict) -> tuple
 
 
 def _plan(recorder: launch.Recorder, inputs: tuple, out: Any, allocated: list) -> CallPlan | None:
-    # sources: tensor inputs, then fresh outputs; each as (first byte, end byte) of what a kernel may touch
+    interpreted = runtime.is_interpreter()
+    # Sources: the tensor inputs, then fresh outputs, then scratch; each with the bytes it spans.
     in_index = [i for i, v in enumerate(inputs) if type(v) is _Tensor]
-    ranges = []
-    for i in in_index:
-        t = inputs[i]
+    sources: list[torch.Tensor] = []
+    ranges: list[tuple[int, int]] = []
+
+    def add_source(t: torch.Tensor) -> bool:
+        """Register ``t`` as the next source unless its bytes overlap an earlier source's."""
         lo = t.data_ptr()
         hi = lo + _extent(t)
         if any(lo < h and l < hi for l, h in ranges):
+            return False
+        sources.append(t)
+        ranges.append((lo, hi))
+        return True
+
+    for i in in_index:
+        if not add_source(inputs[i]):
             recorder.refuse(ALIASED)  # which input a kernel argument came from would be ambiguous
             return None
-        ranges.append((lo, hi))
-    outputs: list = []
-    out_tensors: list = []
     views: list = []
 
     def template(value):
         kind = type(value)
         if kind is _Tensor:
-            for j, i in enumerate(in_index):
+            for i in in_index:
                 if value is inputs[i]:
                     return "in", i
-            lo = value.data_ptr()
             if (value.storage_offset() or value.untyped_storage().nbytes() != _extent(value)
-                    or lo & 15 or any(lo < h and l < lo + _extent(value) for l, h in ranges)):
+                    or value.data_ptr() & 15 or not add_source(value)):
                 views.append(value)  # a view of an input or of a buffer the op allocated: resolved below
                 return "view", len(views) - 1
-            ranges.append((lo, lo + _extent(value)))
-            outputs.append((value.shape, value.stride(), value.dtype, value.device))
-            out_tensors.append(value)
-            return "out", len(in_index) + len(outputs) - 1  # its place among the sources
+            return "out", len(sources) - 1
         if kind in (tuple, list):
             return kind, [template(v) for v in value]
         if kind in _SCALARS or kind is float:
@@ -271,31 +276,25 @@ def _plan(recorder: launch.Recorder, inputs: tuple, out: Any, allocated: list) -
         return None
     if views and any(t is v for t in allocated for v in views):
         return None  # an allocation returned as a view of itself would not be told apart
-    # Scratch: what the op allocated and did not return. torch never filled it (a fill refuses the
-    # recording), so no kernel relies on its contents: a fresh allocation of the same layout replays it.
+    # Scratch: what the op allocated and did not return. Its contents come only from the recorded
+    # torch steps and launches, so a fresh allocation of the same layout replays it.
     for t in allocated:
-        lo = t.data_ptr()
-        if any(lo == o.data_ptr() for o in out_tensors):
+        if any(t.data_ptr() == o.data_ptr() for o in sources[len(in_index):]):
             continue
-        if t.storage_offset() or any(lo < h and l < lo + _extent(t) for l, h in ranges):
+        if t.storage_offset() or not add_source(t):
             return None
-        ranges.append((lo, lo + _extent(t)))
-        outputs.append((t.shape, t.stride(), t.dtype, t.device))
-        out_tensors.append(t)
     if any(hi == lo for lo, hi in ranges):
         return None  # an empty tensor has no address to tell it apart
-    starts = [t.data_ptr() for t in [inputs[i] for i in in_index] + out_tensors]
-    devices = [t.device for t in [inputs[i] for i in in_index] + out_tensors]
 
     def source(ptr: int) -> tuple[int, int]:
         for src, (lo, hi) in enumerate(ranges):
             if lo <= ptr < hi:
-                return src, ptr - starts[src]
+                return src, ptr - lo
         raise LookupError
 
     def view_of(t: torch.Tensor) -> tuple:
         src, delta = source(t.data_ptr())
-        if t.device != devices[src]:  # an address range of another device
+        if t.device != sources[src].device:  # an address range of another device
             raise LookupError
         return src, delta, (t.shape, t.stride(), t.dtype)
 
@@ -328,9 +327,9 @@ def _plan(recorder: launch.Recorder, inputs: tuple, out: Any, allocated: list) -
             for at, _ in plan.slots:
                 v = values[at]
                 tmpl[at] = None
-                if type(v) is _Tensor or isinstance(v, _Tensor):
+                if isinstance(v, _Tensor):
                     src, delta = source(v.data_ptr())
-                    slots.append((at, src, delta, (v.shape, v.stride(), v.dtype) if runtime.is_interpreter() else None))
+                    slots.append((at, src, delta, (v.shape, v.stride(), v.dtype) if interpreted else None))
                 else:  # a TMA descriptor
                     src, delta = source(v.base.data_ptr())
                     slots.append((at, src, delta, (list(v.shape), list(v.strides), list(v.block_shape),
@@ -338,6 +337,7 @@ def _plan(recorder: launch.Recorder, inputs: tuple, out: Any, allocated: list) -
             launches.append((kernel, plan, tmpl, slots))
     except LookupError:
         return None  # a scratch buffer (or a cached tensor) the replay would not provide
+    outputs = [(t.shape, t.stride(), t.dtype, t.device) for t in sources[len(in_index):]]
     return CallPlan(in_index, outputs, result, launches)
 
 
@@ -355,10 +355,11 @@ def run(op: str, call_key: tuple, fn: Callable[..., Any], inputs: tuple, attrs: 
     """A call without a plan: the first time for this key it only runs, then it records (a few tries)."""
     seen = _SEEN.setdefault(op, {})
     calls = seen.get(call_key, 0)
-    if calls == 0 or calls > RECORD_TRIES:
-        if calls == 0 and len(seen) >= MAX_PLANS:
+    if calls == 0:
+        if len(seen) >= MAX_PLANS:
             seen.clear()
-        seen[call_key] = calls + (calls == 0)
+        seen[call_key] = 1
+    if calls == 0 or calls > RECORD_TRIES:
         return fn(*inputs, **attrs)
     out, plan, why = record(op, fn, inputs, attrs)
     if why not in TRANSIENT:
