@@ -53,20 +53,24 @@ def _check_conv(case, layout="nchw", dtype=torch.float32, bias=True, act=None, s
     t_act = {None: lambda z: z, "relu": TF.relu, "gelu": TF.gelu, "leaky_relu": lambda z: TF.leaky_relu(z, slope),
              "sigmoid": torch.sigmoid, "tanh": torch.tanh, "silu": TF.silu}[act]
 
-    def torch_conv(xt, wt, bt):
-        return t_act(TF.conv2d(xt, wt, bt, stride, padding, dilation, groups))
+    _compare_conv(x, w, b, lambda xt, wt, bt: t_act(TF.conv2d(xt, wt, bt, stride, padding, dilation, groups)),
+                  lambda xg, wg, bg: F.conv2d(xg, wg, bg, stride, padding, dilation, groups, act, slope), seed)
 
+
+def _compare_conv(x, w, b, torch_conv, ge2_conv, seed):
+    """ge2_conv(x, w, b) forward and x/W/b gradients vs torch_conv in x's dtype and in float64 on the CPU."""
     leaves = [t for t in (x, w, b) if t is not None]
     ref = [t.detach().double().cpu().requires_grad_() for t in leaves]
     tor = [t.detach().clone().requires_grad_() for t in leaves]
     gen = [ge2.from_torch(t.detach().clone(), requires_grad=True) for t in leaves]
-    y64 = torch_conv(ref[0], ref[1], ref[2] if bias else None)
-    yt = torch_conv(tor[0], tor[1], tor[2] if bias else None)
-    yg = F.conv2d(gen[0], gen[1], gen[2] if bias else None, stride, padding, dilation, groups, act, slope)
-    assert tuple(yg.shape) == tuple(yt.shape) and yg.dtype == dtype
+    has_bias = b is not None
+    y64 = torch_conv(ref[0], ref[1], ref[2] if has_bias else None)
+    yt = torch_conv(tor[0], tor[1], tor[2] if has_bias else None)
+    yg = ge2_conv(gen[0], gen[1], gen[2] if has_bias else None)
+    assert tuple(yg.shape) == tuple(yt.shape) and yg.dtype == x.dtype
     assert yg.data.is_contiguous(memory_format=torch.channels_last if is_channels_last(x) else torch.contiguous_format)
     assert_matches(yg.data, y64, yt, name="forward")
-    gy = randn(*yt.shape, seed=seed + 3).to(dtype)
+    gy = randn(*yt.shape, seed=seed + 3).to(x.dtype)
     y64.backward(gy.double().cpu())
     yt.backward(gy)
     yg.backward(ge2.from_torch(gy))
@@ -293,21 +297,8 @@ def _check_conv_1x1(shape, layout, dtype=torch.float32, bias=True, act=None, see
     w = randn(K, C, 1, 1, dtype=dtype, seed=seed + 1)
     b = randn(K, dtype=dtype, seed=seed + 2) if bias else None
     t_act = {None: lambda z: z, "relu": TF.relu, "gelu": TF.gelu, "tanh": torch.tanh, "silu": TF.silu}[act]
-    leaves = [t for t in (x, w, b) if t is not None]
-    ref = [t.detach().double().cpu().requires_grad_() for t in leaves]
-    tor = [t.detach().clone().requires_grad_() for t in leaves]
-    gen = [ge2.from_torch(t.detach().clone(), requires_grad=True) for t in leaves]
-    y64 = t_act(TF.conv2d(ref[0], ref[1], ref[2] if bias else None))
-    yt = t_act(TF.conv2d(tor[0], tor[1], tor[2] if bias else None))
-    yg = F.conv2d(gen[0], gen[1], gen[2] if bias else None, activation=act)
-    assert yg.data.is_contiguous(memory_format=torch.channels_last if is_channels_last(x) else torch.contiguous_format)
-    assert_matches(yg.data, y64, yt, name="forward")
-    gy = randn(*yt.shape, seed=seed + 3).to(dtype)
-    y64.backward(gy.double().cpu())
-    yt.backward(gy)
-    yg.backward(ge2.from_torch(gy))
-    for name, g, t, r in zip(("x", "weight", "bias"), gen, tor, ref):
-        assert_matches(g.grad.data, r.grad, t.grad, name=f"grad {name}")
+    _compare_conv(x, w, b, lambda xt, wt, bt: t_act(TF.conv2d(xt, wt, bt)),
+                  lambda xg, wg, bg: F.conv2d(xg, wg, bg, activation=act), seed)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
