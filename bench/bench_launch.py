@@ -21,16 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 import ge2  # noqa: E402
 import ge2.nn.functional as F  # noqa: E402
-import triton  # noqa: E402  (after ge2, which decides TRITON_INTERPRET first)
-import triton.language as tl  # noqa: E402
-from bench.harness import RESULTS_DIR, environment, host_us  # noqa: E402
-
-
-@triton.jit
-def _add_kernel(a, b, o, n, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = i < n
-    tl.store(o + i, tl.load(a + i, mask=m) + tl.load(b + i, mask=m), mask=m)
+from bench.harness import RESULTS_DIR, add_kernel, environment, host_us  # noqa: E402
 
 
 def main() -> None:
@@ -64,7 +55,7 @@ def main() -> None:
         "linear+relu fwd+bwd (+sum)": (ge2_fwd_bwd, torch_fwd_bwd),
     }
     out = torch.empty_like(xt)
-    runner = _add_kernel[(8,)](xt, yt, out, 64 * 128, BLOCK=1024)[(8, 1, 1)] if torch.cuda.is_available() else None
+    runner = add_kernel[(8,)](xt, yt, out, 64 * 128, BLOCK=1024)[(8, 1, 1)] if torch.cuda.is_available() else None
     if runner is None:
         del cases["compiled kernel launch, bare"]
     rows = []

@@ -27,8 +27,17 @@ from typing import Any, Callable
 
 import torch
 import triton
+import triton.language as tl
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+@triton.jit
+def add_kernel(a, b, o, n, BLOCK: tl.constexpr):
+    """o = a + b over n elements: the bare Triton launch the host-cost benchmarks compare against."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(o + i, tl.load(a + i, mask=m) + tl.load(b + i, mask=m), mask=m)
 
 
 def time_ms(fn: Callable[[], Any], warmup_ms: int = 25, rep_ms: int = 100, cuda_graph: bool = False) -> float:

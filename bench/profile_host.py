@@ -17,21 +17,12 @@ import sys
 from pathlib import Path
 
 import torch
-import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ge2  # noqa: E402
 import ge2.nn.functional as F  # noqa: E402
-from bench.harness import host_us  # noqa: E402
-
-
-@triton.jit
-def _add_kernel(a, b, o, n, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = i < n
-    tl.store(o + i, tl.load(a + i, mask=m) + tl.load(b + i, mask=m), mask=m)
+from bench.harness import add_kernel, host_us  # noqa: E402
 
 
 def main() -> None:
@@ -42,7 +33,7 @@ def main() -> None:
     bt = torch.zeros(64, device="cuda")
     x, w, b = ge2.from_torch(xt), ge2.from_torch(wt, requires_grad=True), ge2.from_torch(bt, requires_grad=True)
     out, n = torch.empty_like(xt), xt.numel()
-    runner = _add_kernel[(8,)](xt, xt, out, n, BLOCK=1024)[(8, 1, 1)]
+    runner = add_kernel[(8,)](xt, xt, out, n, BLOCK=1024)[(8, 1, 1)]
     stream = torch.cuda.current_stream().cuda_stream
 
     def ge2_add():
@@ -57,7 +48,7 @@ def main() -> None:
         F.linear(x, w, b, activation="relu").sum().backward()
 
     cases = {
-        "triton jit launch": lambda: _add_kernel[(8,)](xt, xt, out, n, BLOCK=1024),
+        "triton jit launch": lambda: add_kernel[(8,)](xt, xt, out, n, BLOCK=1024),
         "compiled kernel runner": lambda: runner(xt, xt, out, n, 1024),
         "compiled runner, stream given": lambda: runner(xt, xt, out, n, 1024, stream=stream),
         "torch.empty": lambda: torch.empty(64, 128, device="cuda"),
