@@ -25,7 +25,7 @@ from bench.harness import RESULTS_DIR, add_kernel, environment, host_us  # noqa:
 
 
 def main() -> None:
-    n = 200 if torch.cuda.is_available() else 3
+    n = 2000 if torch.cuda.is_available() else 3
     dev = ge2.device()
     xt = torch.randn(64, 128, device=dev)
     wt = torch.randn(64, 128, device=dev) * 0.1
@@ -64,8 +64,8 @@ def main() -> None:
     print(f"{'case':30} {'ge2 us':>9} {'torch us':>9} {'ge2/torch':>9}")
     for name, (g, t) in cases.items():
         with ge2.no_grad() if "bwd" not in name else ge2.enable_grad():
-            gu = host_us(g, n)
-        tu = host_us(t, n)
+            gu = host_us(g, n, warmup=50)
+        tu = host_us(t, n, warmup=50)
         rows.append({"case": name, "ge2_us": gu, "torch_us": tu, "ratio": gu / tu})
         print(f"{name:30} {gu:9.1f} {tu:9.1f} {gu / tu:9.2f}")
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)

@@ -75,3 +75,33 @@ def test_training_with_plans_equals_training_without():
     assert _hits() > before
     for p, q in zip(planned, train(False)):
         assert torch.equal(p, q)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the direct C launch exists on the GPU only")
+def test_replays_launch_directly_and_honour_launch_hooks(monkeypatch):
+    """A replay calls Triton's C launcher itself; with a launch hook set (a profiler) it takes
+    Triton's full launch path again, so the hook still sees every launch."""
+    from triton import knobs
+
+    a, b = randn(37, 5), randn(37, 5)
+    call("add", a, b)
+    seen = []
+
+    def hook(metadata):
+        seen.append(metadata.get()["name"])
+
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        assert not launch._no_hooks()
+        torch.testing.assert_close(call("add", a, b), a + b, rtol=0, atol=0)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert seen, "the replay skipped the launch hook"
+    assert launch._no_hooks()
+    direct = []
+    stream = launch._stream
+    monkeypatch.setattr(launch, "_stream", lambda device: direct.append(device) or stream(device))
+    before = _hits()
+    a, b = randn(37, 5), randn(37, 5)
+    torch.testing.assert_close(call("add", a, b), a + b, rtol=0, atol=0)
+    assert _hits() == before + 1 and direct, "the replay did not take the direct launch"

@@ -29,13 +29,15 @@ class Version:
 class Context:
     """What forward leaves for backward: saved tensors (version-checked) and any attributes."""
 
+    # defaults on the class: a context is made per op call, most never save or mark anything
+    _saved: tuple[torch.Tensor, ...] | None = ()
+    _versions: tuple = ()
+    _non_differentiable: frozenset[int] = frozenset()
+    _released = False
+    _node_name = ""
+
     def __init__(self, needs_input_grad: tuple[bool, ...]):
         self.needs_input_grad = needs_input_grad
-        self._saved: tuple[torch.Tensor, ...] | None = ()
-        self._versions: list[tuple[Version, int] | None] = []
-        self._non_differentiable: set[int] = set()
-        self._released = False
-        self._node_name = ""
 
     def save_for_backward(self, *tensors: torch.Tensor | None) -> None:
         """Keep ``tensors`` for backward; modifying one in place before backward makes backward raise."""
@@ -43,7 +45,7 @@ class Context:
 
     def mark_non_differentiable(self, *outputs: torch.Tensor) -> None:
         """These forward outputs get no gradient (e.g. argmax indices)."""
-        self._non_differentiable.update(id(o) for o in outputs)
+        self._non_differentiable = self._non_differentiable | {id(o) for o in outputs}
 
     @property
     def saved_tensors(self) -> tuple[torch.Tensor, ...]:
@@ -113,16 +115,21 @@ class Function:
 
     @classmethod
     def apply(cls, *args: Any) -> Any:
-        from ge2.autograd.tensor import Tensor
-
-        raw = tuple(a.data if isinstance(a, Tensor) else a for a in args)
-        needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
-        record = any(needs) and grad_mode.is_grad_enabled()
+        raw, needs, inputs = [], [], []
+        for a in args:
+            if type(a) is _Tensor or isinstance(a, _Tensor):
+                raw.append(a.data)
+                needs.append(a._requires_grad)
+                inputs.append(a)
+            else:
+                raw.append(a)
+                needs.append(False)
+        needs = tuple(needs)
+        record = True in needs and grad_mode.is_grad_enabled()
         ctx = Context(needs)
         out = cls.forward(ctx, *raw)
         single = isinstance(out, torch.Tensor)
         outs = (out,) if single else tuple(out)
-        inputs = [a for a in args if isinstance(a, Tensor)]
         if record:
             node = Node(
                 cls,
@@ -133,10 +140,13 @@ class Function:
             )
             ctx._node_name = node.name
             results = tuple(
-                Tensor._from_op(o, inputs, None if id(o) in ctx._non_differentiable else node, i)
+                _Tensor._from_op(o, inputs, None if id(o) in ctx._non_differentiable else node, i)
                 for i, o in enumerate(outs)
             )
             ctx._track_versions(inputs + list(results))
         else:
-            results = tuple(Tensor._from_op(o, inputs, None, i) for i, o in enumerate(outs))
+            results = tuple([_Tensor._from_op(o, inputs, None, i) for i, o in enumerate(outs)])
         return results[0] if single else results
+
+
+from ge2.autograd.tensor import Tensor as _Tensor  # noqa: E402 (tensor.py imports this module first)

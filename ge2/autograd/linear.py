@@ -20,25 +20,25 @@ class Linear(Function):
     @staticmethod
     def forward(ctx, x, weight, bias, act, act_alpha):
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, x.shape[-1])
+        x2 = x if len(lead) == 1 else x.reshape(-1, x.shape[-1])
         bias_kind = "per_n" if bias is not None else "none"
         from_z = activations.needs_z(activations.act_code("linear", act, act_alpha))
         y, z = call("gemm", x2, weight, None, bias, trans_b=True, bias_kind=bias_kind, act=act,
-                    act_alpha=act_alpha, save_z=from_z and any(ctx.needs_input_grad[:3]))
+                    act_alpha=act_alpha, save_z=from_z and True in ctx.needs_input_grad[:3])
         ctx.save_for_backward(x2, weight, z if from_z else y)
         ctx.lead, ctx.bias_kind, ctx.act, ctx.act_alpha, ctx.from_z = lead, bias_kind, act, act_alpha, from_z
-        return y.reshape(*lead, weight.shape[0])
+        return y if len(lead) == 1 else y.reshape(*lead, weight.shape[0])
 
     @staticmethod
     def backward(ctx, gy):
         x2, weight, saved = ctx.saved_tensors
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        gy2 = gy.reshape(-1, weight.shape[0])
+        gy2 = gy if len(ctx.lead) == 1 else gy.reshape(-1, weight.shape[0])
         dx, dw, dbias, _ = call(
             "gemm_backward", gy2, x2, weight, saved if ctx.from_z else None, None if ctx.from_z else saved,
             trans_b=True, bias_kind=ctx.bias_kind, act=ctx.act, act_alpha=ctx.act_alpha,
             need_a=need_x, need_b=need_w)
-        if dx is not None:
+        if dx is not None and len(ctx.lead) != 1:
             dx = dx.reshape(*ctx.lead, weight.shape[1])
         return dx, dw, (dbias if ctx.needs_input_grad[2] else None), None, None
 
@@ -50,6 +50,24 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     ``activation``: None, "relu", "leaky_relu" (``negative_slope``), "gelu", "gelu_tanh", "sigmoid",
     "tanh" or "silu".
     """
+    if not (isinstance(x, Tensor) and isinstance(weight, Tensor) and (bias is None or isinstance(bias, Tensor))
+            and _well_formed(x.data, weight.data, None if bias is None else bias.data)):
+        _check(x, weight, bias)  # raises the error that says what is wrong
+    act = activation or "none"
+    activations.act_code("linear", act, negative_slope)
+    if x.data.dim() == 1:
+        return Linear.apply(x.reshape(1, -1), weight, bias, act, negative_slope).reshape(-1)
+    return Linear.apply(x, weight, bias, act, negative_slope)
+
+
+def _well_formed(x, weight, bias) -> bool:
+    """The common case, tested in one expression (each check is spelled out with its message in _check)."""
+    return (weight.dim() == 2 and x.dim() != 0 and x.shape[-1] == weight.shape[1] and weight.dtype == x.dtype
+            and (bias is None or (bias.dim() == 1 and bias.shape[0] == weight.shape[0] and bias.dtype == x.dtype)))
+
+
+def _check(x, weight, bias) -> None:
+    """Raise the clear error for linear's arguments (only called when _well_formed says something is off)."""
     for name, t in (("x", x), ("weight", weight)):
         if not isinstance(t, Tensor):
             raise TypeError(f"linear: {name} must be a Tensor, got {type(t).__name__}")
@@ -67,8 +85,3 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and t.dtype != x.dtype:
             raise TypeError(f"linear: x has dtype {dtype_name(x.dtype)} but {name} has {dtype_name(t.dtype)}")
-    act = activation or "none"
-    activations.act_code("linear", act, negative_slope)
-    if x.ndim == 1:
-        return Linear.apply(x.reshape(1, -1), weight, bias, act, negative_slope).reshape(-1)
-    return Linear.apply(x, weight, bias, act, negative_slope)

@@ -38,13 +38,18 @@ class Tensor:
         t.data, t.grad, t.grad_fn, t._out_idx = data, None, node, idx
         t._requires_grad = node is not None
         # A view shares its base's version counter, so writing through either is seen by both.
-        root = _root(data)
-        for x in inputs:
-            if _root(x.data) is root:
-                t._version_counter = x._version_counter
-                break
+        base = data._base
+        if base is None:  # not a view: only an input that is this very tensor or a view of it shares memory
+            for x in inputs:
+                if x.data is data or x.data._base is data:
+                    t._version_counter = x._version_counter
+                    return t
         else:
-            t._version_counter = Version()
+            for x in inputs:
+                if _root(x.data) is base:
+                    t._version_counter = x._version_counter
+                    return t
+        t._version_counter = Version()
         return t
 
     # ---- autograd state --------------------------------------------------------------------

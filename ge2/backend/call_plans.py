@@ -141,9 +141,13 @@ class _Descriptor:
 
 
 class CallPlan:
-    """Outputs and scratch to allocate, and the launches to replay, each kernel tensor argument as (source, offset)."""
+    """Outputs and scratch to allocate, and the launches to replay, each kernel tensor argument as (source, offset).
 
-    __slots__ = ("in_index", "outputs", "result", "launches")
+    ``replay(inputs)`` is generated Python (``_compile``): one straight-line function per plan, with the
+    recorded constants bound in, so a replay runs no loop over a template and no per-launch dispatch.
+    """
+
+    __slots__ = ("in_index", "outputs", "result", "launches", "replay", "source")
 
     def __init__(self, in_index, outputs, result, launches):
         self.in_index = in_index  # positions of the tensor inputs; sources 0.. are these, then the outputs
@@ -152,33 +156,91 @@ class CallPlan:
         # ("const", v) / (tuple or list, items)
         self.launches = launches  # (kernel, launch plan, values with None in the slots, slots); for a torch
         # step: (None, "copy" | "fill", fill value, [(source, offset, view) of the destination, of the source])
+        self.source, self.replay = _compile(self)
 
-    def replay(self, inputs: tuple) -> Any:
-        """The call's result for new inputs of the recorded key."""
-        outs = [torch.empty_strided(shape, stride, dtype=dtype, device=device)
-                for shape, stride, dtype, device in self.outputs]
-        tensors = [inputs[i] for i in self.in_index] + outs
-        interpreted = runtime.is_interpreter()
-        bases = tensors if interpreted else [t.data_ptr() for t in tensors]
-        for kernel, plan, template, slots in self.launches:
-            if kernel is None:  # a torch copy or fill: plan is "copy" or "fill", slots its two operands
-                dst = _view(tensors[slots[0][0]], slots[0][1], slots[0][2])
-                if plan == "copy":
-                    dst.copy_(_view(tensors[slots[1][0]], slots[1][1], slots[1][2]))
-                else:
-                    dst.fill_(template)
-                continue
-            values = list(template)
-            for at, src, delta, meta in slots:
-                if interpreted:
-                    values[at] = _view(bases[src], delta, meta)
-                elif meta is None:
-                    values[at] = bases[src] + delta
-                else:
-                    values[at] = _Descriptor(_Address(bases[src] + delta), *meta)
-            launch.replay(kernel, plan, values)
-        STATS["hits"] += 1
-        return _build(self.result, inputs, tensors)
+
+def _compile(plan: CallPlan) -> tuple[str, Callable[[tuple], Any]]:
+    """(source, function): ``replay(inputs)`` for this plan as straight-line Python.
+
+    On the GPU a launch whose launch plan has a direct C entry (``launch._direct``) calls it with
+    the sources' addresses, unless a recording or a launch hook is active (then ``launch.replay``);
+    under the interpreter every launch goes through ``launch.replay`` with tensor views.
+    """
+    interpreted = runtime.is_interpreter()
+    env: dict[str, Any] = {"_empty": torch.empty_strided, "_view": _view, "_replay": launch.replay,
+                           "_RECORDERS": launch._RECORDERS, "_no_hooks": launch._no_hooks,
+                           "_stream": launch._stream, "_device": launch._device, "_Descriptor": _Descriptor,
+                           "_Address": _Address, "_STATS": STATS}
+
+    def const(value) -> str:
+        """A recorded value as source: ints, bools and None inline, anything else bound by name."""
+        if value is None or type(value) in (int, bool):
+            return repr(value)
+        name = f"_c{len(env)}"
+        env[name] = value
+        return name
+
+    n_in = len(plan.in_index)
+    lines = ["def replay(inputs):"]
+    lines += [f"    t{k} = inputs[{i}]" for k, i in enumerate(plan.in_index)]
+    for k, (shape, stride, dtype, device) in enumerate(plan.outputs, start=n_in):
+        lines.append(f"    t{k} = _empty({const(tuple(shape))}, {const(tuple(stride))}, dtype={const(dtype)}, "
+                     f"device={const(device)})")
+    direct = not interpreted and any(kernel is not None and lp.direct is not None
+                                     for kernel, lp, _, _ in plan.launches)
+    if not interpreted:
+        used = sorted({src for kernel, _, _, slots in plan.launches if kernel is not None for _, src, _, _ in slots})
+        lines += [f"    p{k} = t{k}.data_ptr()" for k in used]
+    if direct:
+        lines.append("    fast = not _RECORDERS and _no_hooks()")
+        lines.append("    if fast:")
+        lines.append("        stream = _stream(_device())")
+
+    def view(item) -> str:
+        src, delta, meta = item
+        return f"_view(t{src}, {delta}, {const(meta)})"
+
+    for kernel, lp, template, slots in plan.launches:
+        if kernel is None:  # a torch copy or fill
+            dst = view(slots[0])
+            lines.append(f"    {dst}.copy_({view(slots[1])})" if lp == "copy" else f"    {dst}.fill_({const(template)})")
+            continue
+        args = [const(v) for v in template]
+        for at, src, delta, meta in slots:
+            if interpreted:
+                args[at] = view((src, delta, meta))
+            elif meta is None:
+                args[at] = f"p{src} + {delta}" if delta else f"p{src}"
+            else:
+                args[at] = f"_Descriptor(_Address(p{src} + {delta}), *{const(tuple(meta))})"
+        k, p = const(kernel), const(lp)
+        if lp.direct is not None and not interpreted:
+            entry, grid, fixed = lp.direct
+            lines.append("    if fast:")
+            lines.append(f"        {const(entry)}({', '.join(map(str, grid))}, stream, *{const(fixed)}, {', '.join(args)})")
+            lines.append("    else:")
+            lines.append(f"        _replay({k}, {p}, [{', '.join(args)}])")
+        else:
+            lines.append(f"    _replay({k}, {p}, [{', '.join(args)}])")
+
+    def build(result) -> str:
+        kind, value = result
+        if kind == "out":
+            return f"t{value}"
+        if kind == "in":
+            return f"inputs[{value}]"
+        if kind == "const":
+            return const(value)
+        if kind == "view":
+            return view(value)
+        items = "".join(build(item) + ", " for item in value)
+        return f"({items})" if kind is tuple else f"[{items}]"
+
+    lines.append('    _STATS["hits"] += 1')
+    lines.append(f"    return {build(plan.result)}")
+    source = "\n".join(lines) + "\n"
+    exec(compile(source, "<ge2 call plan>", "exec"), env)
+    return source, env["replay"]
 
 
 def _view(base: torch.Tensor, delta: int, meta: tuple) -> torch.Tensor:
@@ -186,20 +248,6 @@ def _view(base: torch.Tensor, delta: int, meta: tuple) -> torch.Tensor:
     size, stride, dtype = meta
     offset = (base.data_ptr() + delta - base.untyped_storage().data_ptr()) // dtype.itemsize
     return torch.empty(0, dtype=dtype, device=base.device).set_(base.untyped_storage(), offset, size, stride)
-
-
-def _build(result, inputs: tuple, tensors: list) -> Any:
-    """The returned structure from its template; ``tensors``: the tensor inputs, then outputs and scratch."""
-    kind, value = result
-    if kind == "out":
-        return tensors[value]
-    if kind == "in":
-        return inputs[value]
-    if kind == "const":
-        return value
-    if kind == "view":
-        return _view(tensors[value[0]], value[1], value[2])
-    return kind(_build(item, inputs, tensors) for item in value)
 
 
 def _extent(t: torch.Tensor) -> int:

@@ -26,6 +26,7 @@ import sys
 from typing import Any
 
 import torch
+from triton import knobs
 from triton.runtime.autotuner import Autotuner, Heuristics
 
 from ge2 import runtime
@@ -36,10 +37,12 @@ STATS = {"hits": 0, "plans": 0}
 
 
 class _Plan:
-    __slots__ = ("kernel", "grid", "values", "slots", "options")
+    __slots__ = ("kernel", "grid", "values", "slots", "options", "direct")
 
-    def __init__(self, kernel, grid, values, slots, options):
+    def __init__(self, kernel, grid, values, slots, options, direct=None):
         self.kernel, self.grid, self.values, self.slots, self.options = kernel, grid, values, slots, options
+        # GPU: the compiled launcher's C entry and its fixed leading arguments (see _PlannedJIT._replay)
+        self.direct = direct
 
 
 _PLAIN = frozenset((int, bool, str, tuple, type(None)))
@@ -132,9 +135,14 @@ class _PlannedJIT(_PlannedLaunch):
         binder = self.device_caches[driver.active.get_current_device()][4]
         bound, _, _ = binder(*args, **kwargs)
         names, values = list(bound), list(bound.values())
-        return _Plan(kernel, grid, values, self._slots(names, values, kwargs), None)
+        return _Plan(kernel, grid, values, self._slots(names, values, kwargs), None, _direct(kernel, grid))
 
     def _replay(self, plan: _Plan, values: list):
+        direct = plan.direct
+        if direct is not None and _no_hooks():
+            # Triton's C launcher itself, as CompiledKernel.run would call it with no scratch and no hooks
+            direct[0](*direct[1], _stream(_device()), *direct[2], *values)
+            return plan.kernel
         from triton import knobs
         from triton.runtime.driver import driver
 
@@ -145,6 +153,32 @@ class _PlannedJIT(_PlannedLaunch):
         kernel.run(plan.grid[0], plan.grid[1], plan.grid[2], stream, kernel.function, kernel.packed_metadata,
                    metadata, enter, leave, *values)
         return kernel
+
+
+def _direct(kernel, grid: tuple) -> tuple | None:
+    """(C launch function, (grid x, y, z), (function, cooperative, pdl, no scratch x2, metadata, no hooks x3)),
+    or None when the kernel needs what only Triton's Python launcher provides (scratch memory)."""
+    launcher = kernel.run  # initialises the module and function handles
+    if launcher.global_scratch_size or launcher.profile_scratch_size or getattr(launcher, "num_ctas", 1) != 1:
+        return None
+    return (launcher.launch, tuple(grid),
+            (kernel.function, launcher.launch_cooperative_grid, launcher.launch_pdl, None, None,
+             kernel.packed_metadata, None, None, None))
+
+
+def _no_hooks() -> bool:
+    """No launch hooks are set (a profiler such as proton sets them: then the full launch path runs).
+    Triton 3.6 keeps them as (normally empty) chains and calls a chain on every launch: ~2 µs of Python."""
+    enter, leave = _RUNTIME_KNOBS.launch_enter_hook, _RUNTIME_KNOBS.launch_exit_hook
+    return ((enter is None or (type(enter) is _HookChain and not enter.calls))
+            and (leave is None or (type(leave) is _HookChain and not leave.calls)))
+
+
+_RUNTIME_KNOBS = knobs.runtime
+_HookChain = getattr(knobs, "HookChain", type(None))
+# the current device and its current stream, as Triton's driver reads them (torch's C functions)
+_device = getattr(torch._C, "_cuda_getDevice", None)
+_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 class _PlannedInterpreted(_PlannedLaunch):
