@@ -394,9 +394,13 @@ _SEEN: dict[str, dict] = {}  # op -> call key -> calls without a plan so far
 RECORD_TRIES = 3  # recordings refused before a key runs plainly for good (a scratch buffer, a fill)
 
 
-def lookup(op: str, call_key: tuple) -> CallPlan | None:
+def find(op: str, inputs: tuple, attrs: dict) -> tuple[tuple | None, CallPlan | None]:
+    """(the call key, its plan): ``key`` and ``lookup`` in one call (the registry's hot path)."""
+    call_key = key(op, inputs, attrs)
+    if call_key is None:
+        return None, None
     table = _PLANS.get(op)
-    return table.get(call_key) if table is not None else None
+    return call_key, (table.get(call_key) if table is not None else None)
 
 
 def run(op: str, call_key: tuple, fn: Callable[..., Any], inputs: tuple, attrs: dict) -> Any:

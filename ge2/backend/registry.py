@@ -70,16 +70,14 @@ def register(
 
 def call(name: str, *inputs: Any, **attrs: Any) -> Any:
     """Validate ``inputs``/``attrs`` against op ``name``'s schema and run the current backend's impl."""
+    call_key = None
+    if _backend == "triton" and call_plans.ENABLED and launch.ENABLED:
+        call_key, plan = call_plans.find(name, inputs, attrs)
+        if plan is not None:  # this key passed the schema check before
+            return plan.replay(inputs)
     op = _OPS.get(name)
     if op is None:
         raise KeyError(f"ge2 has no op named {name!r}")
-    call_key = None
-    if _backend == "triton" and call_plans.ENABLED and launch.ENABLED:
-        call_key = call_plans.key(name, inputs, attrs)
-        if call_key is not None:
-            plan = call_plans.lookup(name, call_key)
-            if plan is not None:  # this key passed the schema check before
-                return plan.replay(inputs)
     lead = op.schema.validate(name, inputs, attrs)
     key = (_backend, lead.device.type, lead.dtype)
     fn = op.impls.get(key)
