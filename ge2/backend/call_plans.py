@@ -51,7 +51,7 @@ _FACTORIES = frozenset(("aten::empty", "aten::empty_strided", "aten::empty_like"
 
 def key(op: str, inputs: tuple, attrs: dict) -> tuple | None:
     """The call key, or None when an input or attribute cannot be keyed (lists, tensors in attrs)."""
-    parts: list = [op, runtime.get_matmul_precision()]
+    parts: list = [op, runtime._matmul_precision]  # the module global itself: this runs on every call
     ptrs: list = []
     for v in inputs:
         kind = type(v)
@@ -147,10 +147,11 @@ class CallPlan:
     recorded constants bound in, so a replay runs no loop over a template and no per-launch dispatch.
     """
 
-    __slots__ = ("in_index", "outputs", "result", "launches", "replay", "source")
+    __slots__ = ("in_index", "in_layouts", "outputs", "result", "launches", "replay", "source")
 
-    def __init__(self, in_index, outputs, result, launches):
+    def __init__(self, in_index, in_layouts, outputs, result, launches):
         self.in_index = in_index  # positions of the tensor inputs; sources 0.. are these, then the outputs
+        self.in_layouts = in_layouts  # (shape, stride, dtype, device) per tensor input if it is dense, else None
         self.outputs = outputs    # (shape, stride, dtype, device) per fresh output, then per scratch buffer
         self.result = result      # returned: ("in", input i) / ("out", source) / ("view", (source, offset, view)) /
         # ("const", v) / (tuple or list, items)
@@ -167,7 +168,7 @@ def _compile(plan: CallPlan) -> tuple[str, Callable[[tuple], Any]]:
     under the interpreter every launch goes through ``launch.replay`` with tensor views.
     """
     interpreted = runtime.is_interpreter()
-    env: dict[str, Any] = {"_empty": torch.empty_strided, "_view": _view, "_replay": launch.replay,
+    env: dict[str, Any] = {"_empty": torch.empty_strided, "_empty_like": torch.empty_like, "_view": _view, "_replay": launch.replay,
                            "_RECORDERS": launch._RECORDERS, "_no_hooks": launch._no_hooks,
                            "_stream": launch._stream, "_device": launch._device, "_Descriptor": _Descriptor,
                            "_Address": _Address, "_STATS": STATS}
@@ -183,9 +184,14 @@ def _compile(plan: CallPlan) -> tuple[str, Callable[[tuple], Any]]:
     n_in = len(plan.in_index)
     lines = ["def replay(inputs):"]
     lines += [f"    t{k} = inputs[{i}]" for k, i in enumerate(plan.in_index)]
-    for k, (shape, stride, dtype, device) in enumerate(plan.outputs, start=n_in):
-        lines.append(f"    t{k} = _empty({const(tuple(shape))}, {const(tuple(stride))}, dtype={const(dtype)}, "
-                     f"device={const(device)})")
+    for k, layout in enumerate(plan.outputs, start=n_in):
+        shape, stride, dtype, device = layout
+        like = next((j for j in range(n_in) if plan.in_layouts[j] == layout), None)
+        if like is not None:  # an input's layout, which empty_like keeps: fewer arguments to parse
+            lines.append(f"    t{k} = _empty_like(t{like})")
+        else:
+            lines.append(f"    t{k} = _empty({const(tuple(shape))}, {const(tuple(stride))}, dtype={const(dtype)}, "
+                         f"device={const(device)})")
     direct = not interpreted and any(kernel is not None and lp.direct is not None
                                      for kernel, lp, _, _ in plan.launches)
     if not interpreted:
@@ -386,7 +392,10 @@ def _plan(recorder: launch.Recorder, inputs: tuple, out: Any, allocated: list) -
     except LookupError:
         return None  # a scratch buffer (or a cached tensor) the replay would not provide
     outputs = [(t.shape, t.stride(), t.dtype, t.device) for t in sources[len(in_index):]]
-    return CallPlan(in_index, outputs, result, launches)
+    # an input whose layout torch.empty_like reproduces (dense, non-overlapping: strides kept)
+    in_layouts = [(t.shape, t.stride(), t.dtype, t.device) if torch.empty_like(t).stride() == t.stride()
+                  else None for t in sources[:len(in_index)]]
+    return CallPlan(in_index, in_layouts, outputs, result, launches)
 
 
 _PLANS: dict[str, dict] = {}
