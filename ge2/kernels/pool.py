@@ -1,9 +1,9 @@
 """2-D pooling: max (with int64 argmax indices), average and adaptive average; forward and backward.
 
 Every kernel gives one output element per lane: a program takes a [rows, BLOCK_I] tile of the
-tensor it writes, columns along its innermost dim (c for NHWC, w for NCHW) so that neighbouring
-lanes touch neighbouring addresses, rows over the other three dims (decoded once per row), and
-loops over the window. Tensors are read and written through their strides.
+tensor it writes, columns along its innermost dim (c for NHWC, w for NCHW; whole h x w planes
+for NCHW rows narrower than 32) so that neighbouring lanes touch neighbouring addresses, rows over
+the other dims (decoded once per row), and loops over the window. Tensors are read and written through their strides.
 
 Backward is a gather over the input, not a scatter of the output gradient: input pixel h is in
 window p through tap r exactly when p*stride = h + pad - r*dilation, so each input lane visits
@@ -25,12 +25,12 @@ from ge2.kernels.conv import empty_like_layout, is_channels_last, tuning_bench
 # program, so it takes 1024 lanes.
 CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((256, 4), (512, 4), (1024, 4), (1024, 8), (2048, 8))]
 INTERPRETER_CONFIG = triton.Config({"BLOCK": 1024}, num_warps=4)
-_KEY = ["total", "R", "S", "CHANNELS_LAST", "BLOCK_I"]
+_KEY = ["total", "R", "S", "CHANNELS_LAST", "FLAT", "BLOCK_I"]
 
 
 @triton.jit
-def _tile(total, C, P, Q, CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
-          BLOCK_I: tl.constexpr):
+def _tile(total, C, P, Q, CHANNELS_LAST: tl.constexpr, FLAT: tl.constexpr, WIDE: tl.constexpr,
+          BLOCK: tl.constexpr, BLOCK_I: tl.constexpr):
     """(n, c, p, q, mask) of this program's [BLOCK // BLOCK_I, BLOCK_I] tile of an [N, C, P, Q]
     tensor (``total`` elements) stored NHWC or NCHW.
 
@@ -38,7 +38,9 @@ def _tile(total, C, P, Q, CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK
     the coordinates come back as [rows, 1] / [1, cols] tensors that broadcast: the integer
     divisions that decode a row run once per row, not once per element (per element, the
     decode and the window arithmetic made the pooling backward compute-bound). Offsets are int32
-    unless WIDE (64-bit division is emulated).
+    unless WIDE (64-bit division is emulated). FLAT (NCHW with narrow rows, e.g. 7x7 planes):
+    columns run over whole (p, q) planes instead, rows over (n, c), so that a tile is not mostly
+    masked lanes and each row of lanes writes one contiguous run.
     """
     BLOCK_R: tl.constexpr = BLOCK // BLOCK_I
     pid_r = tl.program_id(0)
@@ -52,6 +54,12 @@ def _tile(total, C, P, Q, CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK
         q = rows % Q
         p = (rows // Q) % P
         n = rows // (Q * P)
+    elif FLAT:
+        inner = P * Q
+        q = cols % Q
+        p = cols // Q
+        c = rows % C
+        n = rows // C
     else:
         inner = Q
         q = cols
@@ -83,10 +91,11 @@ def max_pool2d_fwd_kernel(
     x_ptr, y_ptr, idx_ptr, total, C, H, W, P, Q, R, S,
     sxn, sxc, sxh, sxw, syn, syc, syp, syq,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-    CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_I: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr, FLAT: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
+    BLOCK_I: tl.constexpr,
 ):
     """Y[n, c, p, q] = max over the window, and its flat index h*W + w (int64)."""
-    n, c, p, q, mask = _tile(total, C, P, Q, CHANNELS_LAST, WIDE, BLOCK, BLOCK_I)
+    n, c, p, q, mask = _tile(total, C, P, Q, CHANNELS_LAST, FLAT, WIDE, BLOCK, BLOCK_I)
     base = x_ptr + n * sxn + c * sxc
     best = tl.full(mask.shape, float("-inf"), tl.float32)
     best_idx = tl.full(mask.shape, -1, tl.int64)
@@ -112,11 +121,11 @@ def max_pool2d_bwd_kernel(
     gy_ptr, idx_ptr, dx_ptr, total, C, H, W, P, Q, R, S,
     sgn, sgc, sgp, sgq, sin, sic, sip, siq, sxn, sxc, sxh, sxw,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-    WR: tl.constexpr, WS: tl.constexpr, CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
-    BLOCK_I: tl.constexpr,
+    WR: tl.constexpr, WS: tl.constexpr, CHANNELS_LAST: tl.constexpr, FLAT: tl.constexpr, WIDE: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_I: tl.constexpr,
 ):
     """dX[n, c, h, w] = sum of gY over the windows whose argmax is (h, w), gathered in tap order."""
-    n, c, h, w, mask = _tile(total, C, H, W, CHANNELS_LAST, WIDE, BLOCK, BLOCK_I)
+    n, c, h, w, mask = _tile(total, C, H, W, CHANNELS_LAST, FLAT, WIDE, BLOCK, BLOCK_I)
     me = h * W + w
     gy_base = gy_ptr + n * sgn + c * sgc
     idx_base = idx_ptr + n * sin + c * sic
@@ -167,11 +176,11 @@ def avg_pool2d_fwd_kernel(
     x_ptr, y_ptr, total, C, H, W, P, Q, R, S,
     sxn, sxc, sxh, sxw, syn, syc, syp, syq,
     stride_h, stride_w, pad_h, pad_w,
-    DIVISOR: tl.constexpr, COUNT_INCLUDE_PAD: tl.constexpr, CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr,
-    BLOCK: tl.constexpr, BLOCK_I: tl.constexpr,
+    DIVISOR: tl.constexpr, COUNT_INCLUDE_PAD: tl.constexpr, CHANNELS_LAST: tl.constexpr, FLAT: tl.constexpr,
+    WIDE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_I: tl.constexpr,
 ):
     """Y[n, c, p, q] = sum over the in-bounds window / divisor (0 for a window wholly in the padding)."""
-    n, c, p, q, mask = _tile(total, C, P, Q, CHANNELS_LAST, WIDE, BLOCK, BLOCK_I)
+    n, c, p, q, mask = _tile(total, C, P, Q, CHANNELS_LAST, FLAT, WIDE, BLOCK, BLOCK_I)
     divisor, hs, he, ws, we = _avg_divisor(p, q, stride_h, stride_w, pad_h, pad_w, R, S, H, W,
                                            DIVISOR, COUNT_INCLUDE_PAD)
     base = x_ptr + n * sxn + c * sxc
@@ -192,11 +201,12 @@ def avg_pool2d_bwd_kernel(
     gy_ptr, dx_ptr, total, C, H, W, P, Q, R, S,
     sgn, sgc, sgp, sgq, sxn, sxc, sxh, sxw,
     stride_h, stride_w, pad_h, pad_w,
-    DIVISOR: tl.constexpr, COUNT_INCLUDE_PAD: tl.constexpr, WR: tl.constexpr, WS: tl.constexpr, CHANNELS_LAST: tl.constexpr,
+    DIVISOR: tl.constexpr, COUNT_INCLUDE_PAD: tl.constexpr, WR: tl.constexpr, WS: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr, FLAT: tl.constexpr,
     WIDE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_I: tl.constexpr,
 ):
     """dX[n, c, h, w] = sum over the windows holding (h, w) of gY / divisor, gathered in tap order."""
-    n, c, h, w, mask = _tile(total, C, H, W, CHANNELS_LAST, WIDE, BLOCK, BLOCK_I)
+    n, c, h, w, mask = _tile(total, C, H, W, CHANNELS_LAST, FLAT, WIDE, BLOCK, BLOCK_I)
     gy_base = gy_ptr + n * sgn + c * sgc
     p0 = _first_window(h, pad_h, R, 1, stride_h)  # candidate windows only, as in max_pool2d_bwd_kernel
     q0 = _first_window(w, pad_w, S, 1, stride_w)
@@ -225,10 +235,11 @@ def _adaptive_window(p, P, H):
 def adaptive_avg_pool2d_fwd_kernel(
     x_ptr, y_ptr, total, C, H, W, P, Q, R, S,
     sxn, sxc, sxh, sxw, syn, syc, syp, syq,
-    CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_I: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr, FLAT: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
+    BLOCK_I: tl.constexpr,
 ):
     """Y[n, c, p, q] = mean of X over adaptive window (p, q); R x S is the largest window."""
-    n, c, p, q, mask = _tile(total, C, P, Q, CHANNELS_LAST, WIDE, BLOCK, BLOCK_I)
+    n, c, p, q, mask = _tile(total, C, P, Q, CHANNELS_LAST, FLAT, WIDE, BLOCK, BLOCK_I)
     hs, he = _adaptive_window(p, P, H)
     ws, we = _adaptive_window(q, Q, W)
     base = x_ptr + n * sxn + c * sxc
@@ -248,13 +259,14 @@ def adaptive_avg_pool2d_fwd_kernel(
 def adaptive_avg_pool2d_bwd_kernel(
     gy_ptr, dx_ptr, total, C, H, W, P, Q, R, S,
     sgn, sgc, sgp, sgq, sxn, sxc, sxh, sxw,
-    CHANNELS_LAST: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_I: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr, FLAT: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
+    BLOCK_I: tl.constexpr,
 ):
     """dX[n, c, h, w] = sum over the adaptive windows holding (h, w) of gY / window size.
 
     Row h lies in windows floor(h*P/H) .. floor(h*P/H) + R - 1 at most (R: the most windows on one row).
     """
-    n, c, h, w, mask = _tile(total, C, H, W, CHANNELS_LAST, WIDE, BLOCK, BLOCK_I)
+    n, c, h, w, mask = _tile(total, C, H, W, CHANNELS_LAST, FLAT, WIDE, BLOCK, BLOCK_I)
     p0 = (h * P) // H
     q0 = (w * Q) // W
     acc = tl.zeros(mask.shape, tl.float32)
@@ -308,11 +320,13 @@ def _launch(kernel, t: torch.Tensor, *args, **kwargs) -> None:
     """kernel over the tiles of t [N, C, P, Q] (the tensor whose elements the lanes own): columns
     along its innermost dim, as many as that dim needs up to 128 (kernel's _tile)."""
     channels_last = is_channels_last(t)
-    inner = t.shape[1] if channels_last else t.shape[3]
+    # NCHW rows narrower than a warp leave most lanes of a row tile idle: tile whole planes then
+    flat = not channels_last and t.shape[3] < 32 and t.stride(2) == t.shape[3] * t.stride(3)
+    inner = t.shape[1] if channels_last else t.shape[2] * t.shape[3] if flat else t.shape[3]
     block_i = min(128, triton.next_power_of_2(inner))
     rows = t.numel() // inner
     grid = lambda meta: (runtime.cdiv(rows, meta["BLOCK"] // block_i), runtime.cdiv(inner, block_i))
-    kernel[grid](*args, CHANNELS_LAST=channels_last, BLOCK_I=block_i, **kwargs)
+    kernel[grid](*args, CHANNELS_LAST=channels_last, FLAT=flat, BLOCK_I=block_i, **kwargs)
 
 
 def max_pool2d(x: torch.Tensor, kernel, stride, padding, dilation, out_hw) -> tuple[torch.Tensor, torch.Tensor]:
