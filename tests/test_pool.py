@@ -135,6 +135,7 @@ def test_nchw_rows_of_32_and_more(layout):
     _check_pool(lambda t: F.max_pool2d(t, (2, 3), (1, 1), (1, 1)), lambda t: TF.max_pool2d(t, (2, 3), (1, 1), (1, 1)), x)
     _check_pool(lambda t: F.avg_pool2d(t, 3, 1, 1), lambda t: TF.avg_pool2d(t, 3, 1, 1), x)
     _check_pool(lambda t: F.adaptive_avg_pool2d(t, (3, 33)), lambda t: TF.adaptive_avg_pool2d(t, (3, 33)), x)
+    _check_pool(lambda t: F.adaptive_avg_pool2d(t, 1), lambda t: TF.adaptive_avg_pool2d(t, 1), x)
 
 
 def test_size_one_dims():

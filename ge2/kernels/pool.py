@@ -260,26 +260,32 @@ def adaptive_avg_pool2d_bwd_kernel(
     gy_ptr, dx_ptr, total, C, H, W, P, Q, R, S,
     sgn, sgc, sgp, sgq, sxn, sxc, sxh, sxw,
     CHANNELS_LAST: tl.constexpr, FLAT: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
-    BLOCK_I: tl.constexpr,
+    BLOCK_I: tl.constexpr, GLOBAL: tl.constexpr,
 ):
     """dX[n, c, h, w] = sum over the adaptive windows holding (h, w) of gY / window size.
 
     Row h lies in windows floor(h*P/H) .. floor(h*P/H) + R - 1 at most (R: the most windows on one row).
+    GLOBAL (P = Q = 1): one window, the whole plane; gY is read once per (n, c), not once per pixel.
     """
     n, c, h, w, mask = _tile(total, C, H, W, CHANNELS_LAST, FLAT, WIDE, BLOCK, BLOCK_I)
-    p0 = (h * P) // H
-    q0 = (w * Q) // W
-    acc = tl.zeros(mask.shape, tl.float32)
-    for i in range(0, R):
-        p = p0 + i
-        hs, he = _adaptive_window(p, P, H)
-        p_ok = mask & (p < P) & (hs <= h) & (h < he)
-        for j in range(0, S):
-            q = q0 + j
-            ws, we = _adaptive_window(q, Q, W)
-            ok = p_ok & (q < Q) & (ws <= w) & (w < we)
-            g = tl.load(gy_ptr + n * sgn + c * sgc + p * sgp + q * sgq, mask=ok, other=0.0).to(tl.float32)
-            acc += g / ((he - hs) * (we - ws)).to(tl.float32)
+    if GLOBAL:
+        nc_ok = n * C + c < total // (H * W)  # [rows, 1] unless NHWC: a load per (n, c), not per pixel
+        g = tl.load(gy_ptr + n * sgn + c * sgc, mask=nc_ok, other=0.0).to(tl.float32)
+        acc = tl.zeros(mask.shape, tl.float32) + g / (H * W).to(tl.float32)
+    else:
+        p0 = (h * P) // H
+        q0 = (w * Q) // W
+        acc = tl.zeros(mask.shape, tl.float32)
+        for i in range(0, R):
+            p = p0 + i
+            hs, he = _adaptive_window(p, P, H)
+            p_ok = mask & (p < P) & (hs <= h) & (h < he)
+            for j in range(0, S):
+                q = q0 + j
+                ws, we = _adaptive_window(q, Q, W)
+                ok = p_ok & (q < Q) & (ws <= w) & (w < we)
+                g = tl.load(gy_ptr + n * sgn + c * sgc + p * sgp + q * sgq, mask=ok, other=0.0).to(tl.float32)
+                acc += g / ((he - hs) * (we - ws)).to(tl.float32)
     tl.store(dx_ptr + n * sxn + c * sxc + h * sxh + w * sxw, acc.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
@@ -397,5 +403,5 @@ def adaptive_avg_pool2d_backward(gy: torch.Tensor, x_shape, channels_last: bool)
     if dx.numel():
         cover = (_adaptive_bounds(H, P)[1], _adaptive_bounds(W, Q)[1])
         _launch(adaptive_avg_pool2d_bwd_kernel, dx, gy, dx, dx.numel(), C, H, W, P, Q, *cover, *gy.stride(),
-                *dx.stride(), WIDE=_wide(gy, dx))
+                *dx.stride(), WIDE=_wide(gy, dx), GLOBAL=P == 1 and Q == 1)
     return dx
