@@ -271,7 +271,7 @@ def adaptive_avg_pool2d_bwd_kernel(
     if GLOBAL:
         nc_ok = n * C + c < total // (H * W)  # [rows, 1] unless NHWC: a load per (n, c), not per pixel
         g = tl.load(gy_ptr + n * sgn + c * sgc, mask=nc_ok, other=0.0).to(tl.float32)
-        acc = tl.zeros(mask.shape, tl.float32) + g / (H * W).to(tl.float32)
+        acc = tl.zeros(mask.shape, tl.float32) + g / (H * W * 1.0)  # * 1.0, not .to(): H = W = 1 arrive as ints
     else:
         p0 = (h * P) // H
         q0 = (w * Q) // W
