@@ -115,20 +115,23 @@ def test_conv2d_weight_gradient_split_is_deterministic(monkeypatch):
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
 
 
-@pytest.mark.parametrize("path", ["direct", "dot"])
+@pytest.mark.parametrize("path", ["direct", "dot", "dot-one-row"])
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("case", [(3, 2, 6, 7, 5, (3, 3), 1, 1, 1, 1), (2, 17, 6, 7, 18, (3, 2), 1, 1, 1, 1)],
                          ids=["flat", "per-tap"])
 def test_conv2d_weight_and_bias_gradients_over_splits_with_activation(case, layout, path, monkeypatch):
     # dW forms gZ = gY * act'(Y) as it loads gY and sums db in extra programs of its grid; with
     # tiny splits the partials (dW and db in one row per split) go through the fixed-order sum.
-    # fp32 dW runs on the CUDA cores ("direct") up to DW_DIRECT_MACS, else through tl.dot.
+    # fp32 dW runs on the CUDA cores ("direct") up to DW_DIRECT_MACS, else through tl.dot, whose
+    # steps take several output rows (here 4: the rows are 7 wide, 16-pixel segments) or one.
     from ge2.kernels import conv as K
 
     monkeypatch.setattr(K, "DW_MIN_SPLIT", 2)
     monkeypatch.setattr(K, "DW_TARGET_PROGRAMS", 528)
-    if path == "dot":
+    if path.startswith("dot"):
         monkeypatch.setattr(K, "DW_DIRECT_MACS", {})
+        if path == "dot-one-row":
+            monkeypatch.setattr(K, "DW_STEP_PIXELS", 16)
     else:
         assert case[0] * case[2] * case[3] * case[4] * case[1] * 9 <= min(K.DW_DIRECT_MACS.values())
     assert K._dw_splits(case[0] * case[2], 1)[0] > 2  # steps: one per output row

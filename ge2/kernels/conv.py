@@ -400,7 +400,7 @@ def conv2d_dw_kernel(
     N, C, H, W, K, P, Q, R, S, Cg, Kg, SPLIT_LEN, ROW,
     sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, sxn, sxc, sxh, sxw,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, act_alpha,
-    ACT: tl.constexpr, FROM_Z: tl.constexpr, HAS_DB: tl.constexpr, QB: tl.constexpr,
+    ACT: tl.constexpr, FROM_Z: tl.constexpr, HAS_DB: tl.constexpr, QB: tl.constexpr, ROWS: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, PER_TAP: tl.constexpr, DIRECT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
@@ -411,7 +411,9 @@ def conv2d_dw_kernel(
     (n, p) = divmod(t // ceil(Q/QB), P) and columns q in a QB-wide block of it, so per step only
     scalars are decoded and the pixel offsets are a vector add (decoding every element's
     (n, p, q) by integer division in the loop made the step several times slower than its
-    loads). The config's BLOCK_K is unused: the reduction step is QB pixels. DIRECT (fp32): CUDA-core
+    loads). The config's BLOCK_K is unused: the reduction step is QB pixels, or ROWS such segments
+    (tensor-core loop only: rows narrower than 64 pixels, e.g. 14 wide, would otherwise make
+    16-deep MMA steps; the rows of a step are decoded as a vector, once per step). DIRECT (fp32): CUDA-core
     FMAs instead of tl.dot (``_dw_tile``), exact fp32 in every precision mode.
 
     PER_TAP: program_id(1) = g*R*S + tap and the N columns are the group's Cg input channels;
@@ -461,12 +463,12 @@ def conv2d_dw_kernel(
             _dw_tile(gy_ptr, saved_ptr, x_ptr, out_row, H, W, P, Q, R, S, Cg, CRS, QBLKS, g, rs, k_abs, mask_m,
                      offs_n, mask_n, offs_q, lo, hi, sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, sxn, sxc, sxh, sxw,
                      stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, act_alpha,
-                     ACT, FROM_Z, PRECISION, UPCAST, PER_TAP, DIRECT, QB, BLOCK_M, BLOCK_N)
+                     ACT, FROM_Z, PRECISION, UPCAST, PER_TAP, DIRECT, QB, ROWS, BLOCK_M, BLOCK_N)
     else:
         _dw_tile(gy_ptr, saved_ptr, x_ptr, out_row, H, W, P, Q, R, S, Cg, CRS, QBLKS, g, rs, k_abs, mask_m,
                  offs_n, mask_n, offs_q, lo, hi, sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, sxn, sxc, sxh, sxw,
                  stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, act_alpha,
-                 ACT, FROM_Z, PRECISION, UPCAST, PER_TAP, DIRECT, QB, BLOCK_M, BLOCK_N)
+                 ACT, FROM_Z, PRECISION, UPCAST, PER_TAP, DIRECT, QB, ROWS, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -474,8 +476,8 @@ def _dw_tile(gy_ptr, saved_ptr, x_ptr, out_row, H, W, P, Q, R, S, Cg, CRS, QBLKS
              mask_n, offs_q, lo, hi, sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, sxn, sxc, sxh, sxw,
              stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, act_alpha,
              ACT: tl.constexpr, FROM_Z: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-             PER_TAP: tl.constexpr, DIRECT: tl.constexpr, QB: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr):
+             PER_TAP: tl.constexpr, DIRECT: tl.constexpr, QB: tl.constexpr, ROWS: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """conv2d_dw_kernel's GEMM: one [BLOCK_M, BLOCK_N] tile of dW over steps [lo, hi), stored in out_row.
 
     DIRECT: acc3[k, col, q] += gZ[k, q] * X[col, q] on the CUDA cores (no tensor-core step, no
@@ -511,7 +513,7 @@ def _dw_tile(gy_ptr, saved_ptr, x_ptr, out_row, H, W, P, Q, R, S, Cg, CRS, QBLKS
     else:
         acc = _dw_dot_loop(gy_ptr, saved_ptr, x_cols, H, W, P, Q, QBLKS, k_abs, mask_m, mask_n, offs_q, col_h,
                            col_w, lo, hi, sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, sxn, sxh, sxw,
-                           stride_h, stride_w, act_alpha, ACT, FROM_Z, PRECISION, UPCAST, QB, BLOCK_M, BLOCK_N)
+                           stride_h, stride_w, act_alpha, ACT, FROM_Z, PRECISION, UPCAST, QB, ROWS, BLOCK_M, BLOCK_N)
     col = c * (R * S) + r * S + s  # (c, r, s) within [Cg, R, S]
     tl.store(out_row + (k_abs * CRS)[:, None].to(tl.int64) + col[None, :], acc.to(out_row.dtype.element_ty),
              mask=mask_m[:, None] & mask_n[None, :])
@@ -557,25 +559,49 @@ def _dw_direct_loads(gy_ptr, saved_ptr, x_cols, t, ok, QBLKS, H, W, P, Q, k_abs,
 def _dw_dot_loop(gy_ptr, saved_ptr, x_cols, H, W, P, Q, QBLKS, k_abs, mask_m, mask_n, offs_q, col_h, col_w, lo, hi,
                  sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, sxn, sxh, sxw, stride_h, stride_w, act_alpha,
                  ACT: tl.constexpr, FROM_Z: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                 QB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The tensor-core dW loop: acc [BLOCK_M, BLOCK_N] = sum over steps [lo, hi) of gZ [BLOCK_M, QB] @ X [QB, BLOCK_N]."""
+                 QB: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The tensor-core dW loop: acc [BLOCK_M, BLOCK_N] = sum over steps [lo, hi) of gZ [BLOCK_M, QB] @ X [QB, BLOCK_N];
+    with ROWS > 1, ROWS consecutive steps at a time (one ROWS*QB-deep dot; the rows decoded as vectors)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for t in range(lo, hi):
-        row = t // QBLKS
-        n = row // P
-        p = row % P
-        q = (t % QBLKS) * QB + offs_q
-        q_ok = q < Q
-        a = _dw_gz_tile(gy_ptr, saved_ptr, k_abs, mask_m, n, p, q, q_ok, sgn, sgk, sgp, sgq,
-                        ssn, ssk, ssp, ssq, act_alpha, ACT, FROM_Z).to(x_cols.dtype.element_ty)
-        hx = p * stride_h + col_h  # [BLOCK_N]
-        wx = (q * stride_w)[:, None] + col_w[None, :]  # [QB, BLOCK_N]
-        x_ok = q_ok[:, None] & (mask_n & (hx >= 0) & (hx < H))[None, :] & (wx >= 0) & (wx < W)
-        b = tl.load(x_cols[None, :] + n.to(tl.int64) * sxn + (hx * sxh)[None, :] + wx * sxw, mask=x_ok, other=0.0)
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=tl.float32)
+    if ROWS == 1:
+        for t in range(lo, hi):
+            row = t // QBLKS
+            n = row // P
+            p = row % P
+            q = (t % QBLKS) * QB + offs_q
+            q_ok = q < Q
+            a = _dw_gz_tile(gy_ptr, saved_ptr, k_abs, mask_m, n, p, q, q_ok, sgn, sgk, sgp, sgq,
+                            ssn, ssk, ssp, ssq, act_alpha, ACT, FROM_Z).to(x_cols.dtype.element_ty)
+            hx = p * stride_h + col_h  # [BLOCK_N]
+            wx = (q * stride_w)[:, None] + col_w[None, :]  # [QB, BLOCK_N]
+            x_ok = q_ok[:, None] & (mask_n & (hx >= 0) & (hx < H))[None, :] & (wx >= 0) & (wx < W)
+            b = tl.load(x_cols[None, :] + n.to(tl.int64) * sxn + (hx * sxh)[None, :] + wx * sxw, mask=x_ok,
+                        other=0.0)
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=tl.float32)
+    else:
+        offs_j = tl.arange(0, ROWS * QB)
+        seg = offs_j // QB  # which of the step's ROWS segments
+        for t in range(lo, hi, ROWS):
+            u = t + seg
+            row = u // QBLKS
+            n = row // P
+            p = row % P
+            q = (u % QBLKS) * QB + offs_j % QB
+            q_ok = (u < hi) & (q < Q)
+            a = _dw_gz_tile(gy_ptr, saved_ptr, k_abs, mask_m, n, p, q, q_ok, sgn, sgk, sgp, sgq,
+                            ssn, ssk, ssp, ssq, act_alpha, ACT, FROM_Z).to(x_cols.dtype.element_ty)
+            hx = (p * stride_h)[:, None] + col_h[None, :]  # [ROWS*QB, BLOCK_N]
+            wx = (q * stride_w)[:, None] + col_w[None, :]
+            x_ok = (q_ok[:, None] & mask_n[None, :]) & (hx >= 0) & (hx < H) & (wx >= 0) & (wx < W)
+            b = tl.load(x_cols[None, :] + (n.to(tl.int64) * sxn)[:, None] + hx * sxh + wx * sxw, mask=x_ok,
+                        other=0.0)
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=tl.float32)
     return acc
 
 
@@ -987,6 +1013,9 @@ DW_PARTIAL_FLOATS = 1 << 20
 # multiply-adds, per matmul precision; above it the tensor-core loop. tf32x3's dot is three
 # register-routed tensor-core passes per step, so the FMA loop wins far longer there.
 DW_DIRECT_MACS = {"ieee": 1 << 28, "tf32x3": 1 << 28, "tf32": 1 << 25}
+# Pixels per tensor-core dW step: output rows narrower than this are taken several at a time
+# (a 14-wide row alone is a 16-deep step: one bf16 MMA per loop trip, mostly loop overhead).
+DW_STEP_PIXELS = 64
 # The depthwise dW (a direct reduction, 8+ rows per split) aims at ~2 waves.
 DEPTHWISE_DW_TARGET_PROGRAMS = 264
 
@@ -1105,6 +1134,7 @@ def _dw(gy: torch.Tensor, saved: torch.Tensor | None, x: torch.Tensor, weight: t
     # The reduction step: a QB-wide segment of one output row (direct: at most 32, the
     # accumulator holds QB partial sums per dW element).
     qb = min(max(_next_pow2(Q), 16), 32 if direct else 64)
+    rows = 1 if direct else DW_STEP_PIXELS // qb  # tensor-core steps of DW_STEP_PIXELS pixels: several rows
     steps = Nb * P * runtime.cdiv(Q, qb)
     splits, split_len = _dw_splits(steps, tiles, row, gy.numel())
     out = flat if splits == 1 else torch.empty((splits, row), dtype=torch.float32, device=flat.device)
@@ -1114,7 +1144,7 @@ def _dw(gy: torch.Tensor, saved: torch.Tensor | None, x: torch.Tensor, weight: t
     conv2d_dw_kernel[grid](
         gy, sv, x, out, Nb, C, H, W, K, P, Q, R, S, Cg, Kg, split_len, row,
         *gy.stride(), *sv.stride(), *x.stride(), *geo.stride, *geo.pad, *geo.dilation, float(act_alpha),
-        ACT=code, FROM_Z=from_z, HAS_DB=with_db, QB=qb, PER_TAP=per_tap, DIRECT=direct, **numerics)
+        ACT=code, FROM_Z=from_z, HAS_DB=with_db, QB=qb, ROWS=rows, PER_TAP=per_tap, DIRECT=direct, **numerics)
     if splits > 1:
         _sum_splits(out, flat)
     return dw, db
