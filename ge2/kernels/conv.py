@@ -450,12 +450,15 @@ def conv2d_dw_kernel(
     if HAS_DB:
         if is_db:
             # One program per k tile (the pid_n == 0 column) sums gZ over the split's pixels.
+            # Steps of DB_PIXELS pixels (several row segments): these few programs walk the split
+            # alone, one memory latency per step, so a step must be wide (16-pixel steps made
+            # them the long pole: 640 of 700 us at 64x256x14^2).
             hi_db = tl.where(pid_n == 0, hi, lo)
             db = tl.zeros((BLOCK_M,), dtype=tl.float32)
-            for t in range(lo, hi_db):
-                row = t // QBLKS
-                q = (t % QBLKS) * QB + offs_q
-                a = _dw_gz_tile(gy_ptr, saved_ptr, k_abs, mask_m, row // P, row % P, q, q < Q,
+            offs_db = tl.arange(0, DB_PIXELS)
+            for t in range(lo, hi_db, DB_PIXELS // QB):
+                n, p, q, ok = _dw_segments(t, offs_db, hi_db, QBLKS, P, Q, QB)
+                a = _dw_gz_tile(gy_ptr, saved_ptr, k_abs, mask_m, n, p, q, ok,
                                 sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, act_alpha, ACT, FROM_Z)
                 db += tl.sum(a.to(tl.float32), axis=1)
             tl.store(out_row + K * CRS + k_abs, db.to(out_ptr.dtype.element_ty), mask=mask_m & (pid_n == 0))
@@ -556,6 +559,16 @@ def _dw_direct_loads(gy_ptr, saved_ptr, x_cols, t, ok, QBLKS, H, W, P, Q, k_abs,
 
 
 @triton.jit
+def _dw_segments(t, offs_j, hi, QBLKS, P, Q, QB: tl.constexpr):
+    """(n, p, q, ok) per pixel of dW steps t, t+1, ... (QB-wide output-row segments, len(offs_j) / QB
+    of them) as vectors: one decode per pixel per step, none per output channel."""
+    u = t + offs_j // QB
+    row = u // QBLKS
+    q = (u % QBLKS) * QB + offs_j % QB
+    return row // P, row % P, q, (u < hi) & (q < Q)
+
+
+@triton.jit
 def _dw_dot_loop(gy_ptr, saved_ptr, x_cols, H, W, P, Q, QBLKS, k_abs, mask_m, mask_n, offs_q, col_h, col_w, lo, hi,
                  sgn, sgk, sgp, sgq, ssn, ssk, ssp, ssq, sxn, sxh, sxw, stride_h, stride_w, act_alpha,
                  ACT: tl.constexpr, FROM_Z: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
@@ -583,14 +596,8 @@ def _dw_dot_loop(gy_ptr, saved_ptr, x_cols, H, W, P, Q, QBLKS, k_abs, mask_m, ma
             acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=tl.float32)
     else:
         offs_j = tl.arange(0, ROWS * QB)
-        seg = offs_j // QB  # which of the step's ROWS segments
         for t in range(lo, hi, ROWS):
-            u = t + seg
-            row = u // QBLKS
-            n = row // P
-            p = row % P
-            q = (u % QBLKS) * QB + offs_j % QB
-            q_ok = (u < hi) & (q < Q)
+            n, p, q, q_ok = _dw_segments(t, offs_j, hi, QBLKS, P, Q, QB)
             a = _dw_gz_tile(gy_ptr, saved_ptr, k_abs, mask_m, n, p, q, q_ok, sgn, sgk, sgp, sgq,
                             ssn, ssk, ssp, ssq, act_alpha, ACT, FROM_Z).to(x_cols.dtype.element_ty)
             hx = (p * stride_h)[:, None] + col_h[None, :]  # [ROWS*QB, BLOCK_N]
@@ -1016,6 +1023,7 @@ DW_DIRECT_MACS = {"ieee": 1 << 28, "tf32x3": 1 << 28, "tf32": 1 << 25}
 # Pixels per tensor-core dW step: output rows narrower than this are taken several at a time
 # (a 14-wide row alone is a 16-deep step: one bf16 MMA per loop trip, mostly loop overhead).
 DW_STEP_PIXELS = 64
+DB_PIXELS = tl.constexpr(256)  # pixels per step of dW's bias-gradient programs (conv2d_dw_kernel)
 # The depthwise dW (a direct reduction, 8+ rows per split) aims at ~2 waves.
 DEPTHWISE_DW_TARGET_PROGRAMS = 264
 
