@@ -72,7 +72,7 @@ def _layout(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last) if layout == "nhwc" else t.contiguous()
 
 
-def conv_cases(bench, shapes, device, precisions=("-", "tf32")) -> None:
+def conv_cases(bench, shapes, device, precisions=("-", "tf32"), bias: bool = False) -> None:
     for N, C, H, K, r, groups, stride in shapes:
         pad = r // 2
         P = (H + 2 * pad - r) // stride + 1
@@ -84,17 +84,21 @@ def conv_cases(bench, shapes, device, precisions=("-", "tf32")) -> None:
                 x = _layout(torch.randn(N, C, H, H, device=device, dtype=dtype), layout)
                 w = _layout(torch.randn(K, C // groups, r, r, device=device, dtype=dtype), layout)
                 gy = _layout(torch.randn(N, K, P, P, device=device, dtype=dtype), layout)
+                b = torch.randn(K, device=device, dtype=dtype) if bias else None
                 geo = dict(stride=stride, padding=pad, groups=groups)
-                labels = {"case": "conv2d", "shape": f"N{N} C{C} H{H} K{K} r{r} g{groups} s{stride}",
+                labels = {"case": "conv2d" + (" +bias" if bias else ""),
+                          "shape": f"N{N} C{C} H{H} K{K} r{r} g{groups} s{stride}",
                           "dtype": str(dtype).replace("torch.", ""), "precision": precision, "layout": layout}
                 bench.add({**labels, "pass": "fwd"}, flops=flops,
-                          ge2=lambda: call("conv2d", x, w, **geo),
-                          torch=lambda: TF.conv2d(x, w, None, stride, pad, 1, groups))
+                          ge2=lambda: call("conv2d", x, w, b, **geo),
+                          torch=lambda: TF.conv2d(x, w, b, stride, pad, 1, groups))
                 xt, wt = x.clone().requires_grad_(), w.clone().requires_grad_()
+                bt = b.clone().requires_grad_() if bias else None
                 bench.add({**labels, "pass": "fwd+bwd"}, flops=3 * flops,
-                          ge2=lambda: (call("conv2d", x, w, **geo), call("conv2d_backward", gy, x, w, **geo)),
-                          torch=lambda: torch.autograd.grad(TF.conv2d(xt, wt, None, stride, pad, 1, groups),
-                                                            (xt, wt), gy))
+                          ge2=lambda: (call("conv2d", x, w, b, **geo),
+                                       call("conv2d_backward", gy, x, w, has_bias=bias, **geo)),
+                          torch=lambda: torch.autograd.grad(TF.conv2d(xt, wt, bt, stride, pad, 1, groups),
+                                                            (xt, wt, bt) if bias else (xt, wt), gy))
     ge2.set_matmul_precision("ieee")
     torch.backends.cudnn.allow_tf32 = True
 
@@ -200,6 +204,7 @@ def main() -> None:
     parser.add_argument("--ieee", action="store_true", help="add exact-fp32 rows")
     parser.add_argument("--all", action="store_true", help="add the strided (downsampling) shape")
     parser.add_argument("--no-pool", action="store_true", help="conv rows only")
+    parser.add_argument("--bias", action="store_true", help="convs with a bias (and its gradient)")
     parser.add_argument("--shapes", help="comma-separated indices into CONV_SHAPES (default: all)")
     parser.add_argument("--precisions", help="comma-separated row kinds: - (bf16), tf32, tf32x3, ieee "
                         "(default: -,tf32, plus ieee with --ieee)")
@@ -226,7 +231,7 @@ def main() -> None:
         unknown = set(precisions) - {"-", "tf32", "tf32x3", "ieee"}
         if unknown:
             parser.error(f"--precisions: unknown {sorted(unknown)}; choose from -, tf32, tf32x3, ieee")
-    conv_cases(bench, shapes, device, precisions)
+    conv_cases(bench, shapes, device, precisions, bias=args.bias)
     if not args.no_pool:
         pool_cases(bench, args.smoke, device)
     bench.report(prediction=prediction)
