@@ -15,7 +15,9 @@ is always the same kernel with the same scalar arguments); and the same for keyw
 
 Under the Triton interpreter the plan replays the recorded argument list through the interpreter,
 so the CPU test suite checks that keys are complete and tensors land in the right slots. On the
-GPU the replay calls ``CompiledKernel.run`` directly (the whole test suite runs through it there).
+GPU the replay calls the compiled kernel's C launcher directly (``_direct``; Triton's own
+``CompiledKernel.run`` when the kernel needs scratch memory or a launch hook is set), and the
+whole test suite runs through it there.
 ``GE2_LAUNCH_PLANS=0`` turns plans off.
 """
 from __future__ import annotations
@@ -143,7 +145,6 @@ class _PlannedJIT(_PlannedLaunch):
             # Triton's C launcher itself, as CompiledKernel.run would call it with no scratch and no hooks
             direct[0](*direct[1], _stream(_device()), *direct[2], *values)
             return plan.kernel
-        from triton import knobs
         from triton.runtime.driver import driver
 
         kernel = plan.kernel
