@@ -168,8 +168,8 @@ def _compile(plan: CallPlan) -> tuple[str, Callable[[tuple], Any]]:
     under the interpreter every launch goes through ``launch.replay`` with tensor views.
     """
     interpreted = runtime.is_interpreter()
-    env: dict[str, Any] = {"_empty": torch.empty_strided, "_empty_like": torch.empty_like, "_view": _view, "_replay": launch.replay,
-                           "_RECORDERS": launch._RECORDERS, "_no_hooks": launch._no_hooks,
+    env: dict[str, Any] = {"_empty": torch.empty_strided, "_empty_like": torch.empty_like, "_view": _view,
+                           "_replay": launch.replay, "_RECORDERS": launch._RECORDERS, "_no_hooks": launch._no_hooks,
                            "_stream": launch._stream, "_device": launch._device, "_Descriptor": _Descriptor,
                            "_Address": _Address, "_STATS": STATS}
 
