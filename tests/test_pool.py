@@ -132,7 +132,8 @@ def test_nchw_rows_of_32_and_more(layout):
     """NCHW tiles run along rows of >= 32 pixels and over whole planes for narrower rows (pool._launch):
     the shapes above are all narrow, these rows are wide (forward output and backward input)."""
     x = _input((2, 3, 4, 37), layout, torch.float32, seed=13)
-    _check_pool(lambda t: F.max_pool2d(t, (2, 3), (1, 1), (1, 1)), lambda t: TF.max_pool2d(t, (2, 3), (1, 1), (1, 1)), x)
+    _check_pool(lambda t: F.max_pool2d(t, (2, 3), (1, 1), (1, 1)),
+                lambda t: TF.max_pool2d(t, (2, 3), (1, 1), (1, 1)), x)
     _check_pool(lambda t: F.avg_pool2d(t, 3, 1, 1), lambda t: TF.avg_pool2d(t, 3, 1, 1), x)
     _check_pool(lambda t: F.adaptive_avg_pool2d(t, (3, 33)), lambda t: TF.adaptive_avg_pool2d(t, (3, 33)), x)
     _check_pool(lambda t: F.adaptive_avg_pool2d(t, 1), lambda t: TF.adaptive_avg_pool2d(t, 1), x)

@@ -117,7 +117,7 @@ class Function:
     def apply(cls, *args: Any) -> Any:
         raw, needs, inputs = [], [], []
         for a in args:
-            if type(a) is _Tensor or isinstance(a, _Tensor):
+            if isinstance(a, _Tensor):
                 raw.append(a.data)
                 needs.append(a._requires_grad)
                 inputs.append(a)

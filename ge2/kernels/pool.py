@@ -3,7 +3,8 @@
 Every kernel gives one output element per lane: a program takes a [rows, BLOCK_I] tile of the
 tensor it writes, columns along its innermost dim (c for NHWC, w for NCHW; whole h x w planes
 for NCHW rows narrower than 32) so that neighbouring lanes touch neighbouring addresses, rows over
-the other dims (decoded once per row), and loops over the window. Tensors are read and written through their strides.
+the other dims (decoded once per row), and loops over the window. Tensors are read and written
+through their strides.
 
 Backward is a gather over the input, not a scatter of the output gradient: input pixel h is in
 window p through tap r exactly when p*stride = h + pad - r*dilation, so each input lane visits
