@@ -8,9 +8,9 @@
   and 4096x128256, fp32 and bf16: ge2's fused op (gradient for gy = 1, then the gy scaling op,
   which costs no pass when gy == 1) vs ``F.cross_entropy(x, t).backward()``; columns for the
   default deferred target check (no host sync), the synchronous one and none. Before them, a sweep
-  (``ce_split_sweep`` rows, each with its gradient's error vs torch) of the split path's
-  (BLOCK_C, num_warps) at 4096x128256 and of one-row-per-program vs the persistent kernel at
-  8192x32768 picks the defaults they use (``ce_chosen_defaults`` in the JSON;
+  (``ce_split_sweep`` rows, each with its gradient's error vs torch) of the split path's and the
+  two-pass kernel's (BLOCK_C, num_warps) at 4096x128256 and of one-row-per-program vs the persistent
+  kernel at 8192x32768 picks the defaults they use (``ce_chosen_defaults`` in the JSON;
   ge2/kernels/cross_entropy.py carries the same values), beside a device-to-device copy of the
   logits (``copy_reference``: one read + one write, the fused pass's floor).
 * linear_cross_entropy at N=8192, H=4096, V=128256 bf16 (time and peak memory) vs
@@ -158,20 +158,32 @@ def bench_cross_entropy(bench: Bench, shapes, dtypes) -> None:
 # Swept: the split path's (BLOCK_C, num_warps) at the long rows (SPLIT_CONFIG), and, for rows of
 # 8192x32768 (ROW_CONFIG), one row per program (0) or the persistent kernel with that many warps.
 SPLIT_SWEEP = [(2048, 4), (4096, 8), (8192, 8)]
+TWO_PASS_SWEEP = [(8192, 16), (16384, 16), (16384, 32), (32768, 32)]
 ROW_SWEEP = [0, 32, 16]
 
 
 def _cfg_name(cfg) -> str:
     if isinstance(cfg, int):
         return f"persistent, {cfg} warps" if cfg else "in registers, one row per program"
+    if cfg[0] == "two_pass":
+        return f"two-pass BLOCK_C={cfg[1]} warps={cfg[2]}"
     return f"BLOCK_C={cfg[0]} warps={cfg[1]}"
+
+
+def _cfg_kwargs(cfg) -> dict:
+    if isinstance(cfg, int):
+        return dict(persistent_warps=cfg)
+    if cfg[0] == "two_pass":
+        return dict(two_pass_config=cfg[1:])
+    return dict(split_config=cfg)
 
 
 def sweep_split(bench: Bench, long_shape, short_shape, dtypes, long_configs=SPLIT_SWEEP,
                 short_configs=ROW_SWEEP) -> dict:
     """Kernel-level fwd+bwd (targets, fused pass, loss sum) per config; sets the winners as defaults.
 
-    For each dtype: SPLIT_CONFIG = the fastest of ``long_configs`` at ``long_shape``; ROW_CONFIG =
+    For each dtype: SPLIT_CONFIG or TWO_PASS_CONFIG = the fastest of ``long_configs`` (split
+    (BLOCK_C, warps) or ("two_pass", BLOCK_C, warps)) at ``long_shape``; ROW_CONFIG =
     the fastest of ``short_configs`` (None: the in-register kernel) at ``short_shape``. Beside
     them, a device-to-device copy of the logits (one read + one write: the floor of the fused pass).
     """
@@ -194,7 +206,7 @@ def sweep_split(bench: Bench, long_shape, short_shape, dtypes, long_configs=SPLI
             g_ref = xt.grad.double()
             del xt
             for cfg in configs:
-                kw = dict(persistent_warps=cfg) if isinstance(cfg, int) else dict(split_config=cfg)
+                kw = _cfg_kwargs(cfg)
                 fn = lambda kw=kw: K.cross_entropy_fwd_bwd(x, t, check_targets=False, **kw)  # noqa: E731
                 try:
                     g = fn()[1]
@@ -210,12 +222,18 @@ def sweep_split(bench: Bench, long_shape, short_shape, dtypes, long_configs=SPLI
             del x, y, t, g_ref
             torch.cuda.empty_cache()
         long_c, short_c = long_shape[1], short_shape[1]
-        K.SPLIT_CONFIG[es] = min((c for c in long_configs if (long_c, c) in best), key=lambda c: best[(long_c, c)])
+        fastest = min((c for c in long_configs if (long_c, c) in best), key=lambda c: best[(long_c, c)])
+        if fastest[0] == "two_pass":
+            K.TWO_PASS_CONFIG[es] = fastest[1:]
+        else:
+            K.SPLIT_CONFIG[es], K.TWO_PASS_CONFIG[es] = fastest, None
         K.ROW_CONFIG[es] = min((c for c in short_configs if (short_c, c) in best),
                                key=lambda c: best[(short_c, c)]) or None
         chosen[str(dtype)[6:]] = {"SPLIT_CONFIG": list(K.SPLIT_CONFIG[es]), "ROW_CONFIG": K.ROW_CONFIG[es],
+                                  "TWO_PASS_CONFIG": K.TWO_PASS_CONFIG[es] and list(K.TWO_PASS_CONFIG[es]),
                                   "MAX_FUSED_C": K.MAX_FUSED_C[es]}
-        print(f"  -> {dtype}: SPLIT_CONFIG {K.SPLIT_CONFIG[es]}, ROW_CONFIG {K.ROW_CONFIG[es]}", flush=True)
+        print(f"  -> {dtype}: SPLIT_CONFIG {K.SPLIT_CONFIG[es]}, TWO_PASS_CONFIG {K.TWO_PASS_CONFIG[es]}, "
+              f"ROW_CONFIG {K.ROW_CONFIG[es]}", flush=True)
     bench.warmup_ms, bench.rep_ms = 25, 100
     return chosen
 
@@ -275,11 +293,14 @@ def main() -> None:
                     help="cross-entropy rows and the split sweep only; the other rows are kept from the JSON")
     ap.add_argument("--sweep", default=",".join(f"{b}x{w}" for b, w in SPLIT_SWEEP),
                     help="split configs BLOCK_CxWARPS to sweep for the long rows, comma-separated")
+    ap.add_argument("--two-pass-sweep", default=",".join(f"{b}x{w}" for b, w in TWO_PASS_SWEEP),
+                    help="two-pass configs BLOCK_CxWARPS to sweep for the long rows, comma-separated")
     ap.add_argument("--row-sweep", default=",".join(map(str, ROW_SWEEP)),
                     help="for rows of 32768: warps of the persistent kernel, 0 = one row per program")
     ap.add_argument("--no-ce-table", action="store_true", help="the sweep only (no cross_entropy_fwd_bwd rows)")
     args = ap.parse_args()
     sweep = [tuple(int(v) for v in c.split("x")) for c in args.sweep.split(",")]
+    sweep += [("two_pass", *(int(v) for v in c.split("x"))) for c in args.two_pass_sweep.split(",") if c]
     row_sweep = [int(v) for v in args.row_sweep.split(",")]
     if not torch.cuda.is_available():
         raise SystemExit("bench_softmax_ce: needs a CUDA GPU (timings under the interpreter mean nothing)")

@@ -37,9 +37,11 @@ def _torch_ce(logits, target, weight, **kw):
     return loss.detach(), g
 
 
-def _check(logits, target, weight=None, *, max_fused_c=None, split_config=None, persistent_warps=None, **kw):
+def _check(logits, target, weight=None, *, max_fused_c=None, split_config=None, persistent_warps=None,
+           two_pass_config=None, **kw):
     loss, grad = K.cross_entropy_fwd_bwd(logits, target, weight=weight, max_fused_c=max_fused_c,
-                                         split_config=split_config, persistent_warps=persistent_warps, **kw)
+                                         split_config=split_config, persistent_warps=persistent_warps,
+                                         two_pass_config=two_pass_config, **kw)
     loss64, grad64 = _torch_ce(logits.double(), target, weight.double() if weight is not None else None, **kw)
     loss_t, grad_t = _torch_ce(logits, target, weight, **kw)
     assert loss.dtype == logits.dtype and grad.shape == logits.shape
@@ -144,6 +146,44 @@ def test_persistent_whole_rows_in_place_and_spatial():
     assert torch.equal(loss_i, loss) and torch.equal(g_i, g)
     loss_f, g_f = K.cross_entropy_fwd_bwd(x, t, compute_grad=False, **kw)  # forward only: one row per program
     assert g_f is None and torch.allclose(loss_f, loss, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("reduction,weighted,smoothing", COMBOS)
+def test_two_pass_rows_every_option(reduction, weighted, smoothing):
+    # Rows streamed in 8-class tiles twice (3 programs here looping over 7 rows): an all -inf first
+    # tile, a finite target behind it, ignored rows between the others, non-contiguous logits.
+    C = 37
+    x = randn(7, C, noncontig=True, seed=61) * 4
+    x[1, :8] = float("-inf")
+    w = (randn(C, seed=62).abs() + 0.3) if weighted else None
+    t = _targets((7,), C, seed=63, ignore_every=3)
+    t[1] = 20
+    _check(x, t, w, reduction=reduction, label_smoothing=smoothing, two_pass_config=(8, 1))
+
+
+def test_two_pass_rows_in_place_spatial_and_forward_only():
+    C = 29
+    x = randn(2, C, 3, 2, seed=64) * 3  # rows (n, d1, d2), classes strided
+    t = _targets((2, 3, 2), C, seed=65)
+    w = randn(C, seed=66).abs() + 0.2
+    kw = dict(weight=w, label_smoothing=0.1, two_pass_config=(16, 1))
+    loss, g = _check(x, t, w, label_smoothing=0.1, two_pass_config=(16, 1))
+    buf = x.clone()
+    loss_i, g_i = K.cross_entropy_fwd_bwd(buf, t, inplace=True, **kw)
+    assert g_i.data_ptr() == buf.data_ptr()
+    assert torch.equal(loss_i, loss) and torch.equal(g_i, g)  # x[t] is read before the second pass writes
+    loss_f, g_f = K.cross_entropy_fwd_bwd(x, t, compute_grad=False, **kw)
+    assert g_f is None and torch.equal(loss_f, loss)
+
+
+@pytest.mark.skipif(not LARGE, reason="rows of 128256 classes")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_two_pass_long_rows(dtype):
+    # The default path for 16-bit rows of 128256 classes: more rows than programs, every 5th ignored.
+    x = randn(300, 128256, dtype=dtype, seed=67) * 3
+    t = _targets((300,), 128256, seed=68, ignore_every=5)
+    _check(x, t, label_smoothing=0.1)
+    _check(x, t, reduction="sum")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the cooperative split runs on the GPU only")

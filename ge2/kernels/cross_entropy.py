@@ -53,6 +53,11 @@ MAX_COOPERATIVE_SPLIT = 64
 # persistent 32 warps 0.417 ms (16 warps 0.439) vs 0.488 one row per program; fp32 one row per
 # program 0.725 ms vs 1.04-1.24 persistent (two fp32 rows of 32K do not fit in the registers: spills).
 ROW_CONFIG = {4: None, 2: 32, 1: 32}
+# Rows longer than MAX_FUSED_C, by element size: (BLOCK_C, num_warps) of cross_entropy_two_pass_kernel,
+# or None for the split kernel. The fastest of bench/bench_softmax_ce.py's sweep at 4096 x 128256 on the H100
+# (ce_split_sweep rows): bf16 two-pass (16384, 32) 0.88 ms vs split (4096, 8) 1.13; fp32 rows (512 KB)
+# of one program per SM overflow the L2 (1.8 ms two-pass vs 1.52 split).
+TWO_PASS_CONFIG = {4: None, 2: (16384, 32), 1: (16384, 32)}
 ROW_PERSISTENT_MIN_C = 16384
 SYNC_STRIDE: tl.constexpr = tl.constexpr(32)
 TILE_ELEMENTS = 2048
@@ -221,6 +226,86 @@ def cross_entropy_persistent_kernel(
         tl.store(g_ptr + row_offsets(row, inner, sg_o, sg_i) + c * sg_c, g.to(g_ptr.dtype.element_ty), mask=ok)
         t, valid, bad, w_t = t1, valid1, bad1, w_t1
         t1, valid1, bad1, w_t1 = t2, valid2, bad2, w_t2
+
+
+@triton.jit
+def cross_entropy_two_pass_kernel(
+    x_ptr, t_ptr, w_ptr, stats_ptr, loss_ptr, g_ptr, n_rows, C, inner,
+    sx_o, sx_i, sx_c, st_o, st_i, sg_o, sg_i, sg_c, ignore_index, label_smoothing,
+    HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, MEAN: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """Long rows, persistent, one program per row at a time, in BLOCK_C tiles: (max, sum exp) in a first
+    pass over the row, then dx in a second pass that re-reads the row from L2 (last tile first).
+
+    With one program per SM the rows in flight (132 x 256 KB of bf16 at 128256 classes) fit in the
+    50 MB L2, so DRAM sees one read and one write of the logits and no program waits for another
+    (the split kernel's slices do). The first pass keeps the next tile's load in flight while it
+    reduces this one, and keeps its loads in L2 (evict_last); the second pass reads them once more
+    (evict_first), newest first. x[t] is read before the second pass overwrites anything (in place).
+    """
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    c0 = tl.arange(0, BLOCK_C)
+    n_tiles = tl.cdiv(C, BLOCK_C)
+    w_sum = tl.load(stats_ptr + 1)
+    inv_d = 1.0
+    if MEAN:
+        inv_d = 1.0 / tl.load(stats_ptr)
+    for row in range(pid, n_rows, n_prog):
+        t, valid, bad, w_t = _row_target(t_ptr, row, n_rows, inner, st_o, st_i, C, ignore_index, w_ptr, HAS_WEIGHT)
+        use = valid & ~bad
+        x_base = row_offsets(row, inner, sx_o, sx_i)
+        # Per lane: sum exp(x - m) with m the running row max (one block max per tile); sum w x.
+        m = float("-inf")
+        s = tl.zeros([BLOCK_C], tl.float32)
+        wx = tl.zeros([BLOCK_C], tl.float32)
+        x_nxt = tl.load(x_ptr + x_base + c0 * sx_c, mask=(c0 < C) & use, other=float("-inf"),
+                        eviction_policy="evict_last")
+        for b in range(0, tl.where(use, n_tiles, 0)):
+            c = b * BLOCK_C + c0
+            x = x_nxt.to(tl.float32)
+            c_nxt = c + BLOCK_C
+            x_nxt = tl.load(x_ptr + x_base + c_nxt * sx_c, mask=c_nxt < C, other=float("-inf"),
+                            eviction_policy="evict_last")
+            m_new = tl.maximum(m, tl.max(x, 0))
+            # an all -inf tile (or row) so far keeps m = -inf: exp(-inf - 0) = 0, never NaN
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            s = s * tl.exp(m - m_safe) + tl.exp(x - m_safe)
+            m = m_new
+            if SMOOTH:
+                ok = c < C
+                if HAS_WEIGHT:
+                    w_c = tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+                else:
+                    w_c = tl.where(ok, 1.0, 0.0)
+                wx += tl.where(ok, w_c * x, 0.0)
+        row_max = tl.where(m == float("-inf"), 0.0, m)
+        row_sum = tl.sum(s, 0)
+        lse = row_max + tl.log(row_sum)
+        x_t = tl.load(x_ptr + x_base + tl.where(use, t, 0) * sx_c, mask=use, other=0.0).to(tl.float32)
+        loss = (1.0 - label_smoothing) * w_t * (lse - x_t)
+        if SMOOTH:
+            loss += (label_smoothing / C) * (w_sum * lse - tl.sum(wx, 0))
+        # Ignored rows are 0 even when their logits are NaN (w[t] = 0 times NaN would not be).
+        loss = tl.where(valid, loss, 0.0)
+        loss = tl.where(bad, float("nan"), loss)
+        tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
+        if COMPUTE_GRAD:
+            g_base = row_offsets(row, inner, sg_o, sg_i)
+            inv_sum = 1.0 / row_sum
+            for i in range(0, n_tiles):
+                c = (n_tiles - 1 - i) * BLOCK_C + c0
+                ok = c < C
+                x = tl.load(x_ptr + x_base + c * sx_c, mask=ok & use, other=float("-inf"),
+                            eviction_policy="evict_first").to(tl.float32)
+                w_c = tl.where(ok, 1.0, 0.0)
+                if SMOOTH:
+                    if HAS_WEIGHT:
+                        w_c = tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+                g = _ce_grad(tl.exp(x - row_max) * inv_sum, c, t, valid, bad, w_t, w_c, w_sum, inv_d,
+                             label_smoothing, C, SMOOTH)
+                tl.store(g_ptr + g_base + c * sg_c, g.to(g_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -503,7 +588,7 @@ def cross_entropy_rows(
     x: torch.Tensor, target: torch.Tensor, stats: torch.Tensor, row_loss: torch.Tensor, grad: torch.Tensor | None, *,
     weight: torch.Tensor | None = None, ignore_index: int = -100, label_smoothing: float = 0.0, mean: bool = True,
     max_fused_c: int | None = None, split_config: tuple[int, int] | None = None, cooperative: bool | None = None,
-    persistent_warps: int | None = None,
+    persistent_warps: int | None = None, two_pass_config: tuple[int, int] | None = None,
 ) -> None:
     """The fused pass: row losses (unnormalised) into ``row_loss`` and, if ``grad`` is given, dx for gy = 1.
 
@@ -512,8 +597,9 @@ def cross_entropy_rows(
     Rows of C <= max_fused_c (default MAX_FUSED_C[element size]) classes: whole rows per program,
     one row each, or looping over rows (the persistent kernel, with ``persistent_warps`` warps;
     default ROW_CONFIG for rows longer than ROW_PERSISTENT_MIN_C, when the gradient is wanted).
-    Longer rows, or any row when ``split_config`` = (BLOCK_C, num_warps) is given: the split
-    kernel, cooperative (one launch) on the GPU for the gradient pass unless ``cooperative=False``
+    Longer rows: the two-pass kernel with ``two_pass_config`` = (BLOCK_C, num_warps) (default
+    TWO_PASS_CONFIG, when not None and no ``split_config`` is given; also for any row when given), else
+    the split kernel (any row when ``split_config`` = (BLOCK_C, num_warps) is given), cooperative (one launch) on the GPU for the gradient pass unless ``cooperative=False``
     or the split is wider than MAX_COOPERATIVE_SPLIT; never under the interpreter, which runs
     programs one after another (a program waiting for a later one would never return).
     """
@@ -535,6 +621,17 @@ def cross_entropy_rows(
                      BLOCK_C=triton.next_power_of_2(C), num_warps=persistent_warps)
         programs = min(n_rows, _resident_programs(cross_entropy_persistent_kernel, args, shape, x.device))
         cross_entropy_persistent_kernel[(programs,)](*args, **shape)
+        return
+    if two_pass_config is None and C > max_fused_c and split_config is None:
+        two_pass_config = TWO_PASS_CONFIG[x.element_size()]
+    if two_pass_config is not None:
+        block_c, num_warps = two_pass_config
+        # one program per SM: more rows in flight would overflow the L2 the second pass reads from
+        programs = min(n_rows, _num_sms(x.device) if x.is_cuda else 3)
+        cross_entropy_two_pass_kernel[(programs,)](
+            x, t, w, stats, row_loss, g, n_rows, C, inner, sx_o, sx_i, sx_c, st_o, st_i, sg_o, sg_i, sg_c,
+            ignore_index, float(label_smoothing), **meta, BLOCK_C=min(block_c, triton.next_power_of_2(C)),
+            num_warps=num_warps)
         return
     if C <= max_fused_c and split_config is None:
         block_c = triton.next_power_of_2(C)
@@ -602,6 +699,7 @@ def cross_entropy_fwd_bwd(
     reduction: str = "mean", label_smoothing: float = 0.0, compute_grad: bool = True, inplace: bool = False,
     check_targets: bool | None = None, max_fused_c: int | None = None,
     split_config: tuple[int, int] | None = None, cooperative: bool | None = None, persistent_warps: int | None = None,
+    two_pass_config: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(loss, dlogits for gy = 1): loss 0-d ('mean'/'sum') or [N, d...] ('none') in logits' dtype.
 
@@ -618,7 +716,8 @@ def cross_entropy_fwd_bwd(
         grad = x if inplace and x.data_ptr() == logits.data_ptr() else torch.empty_like(x)
     cross_entropy_rows(x, target, stats, row_loss, grad, weight=weight, ignore_index=ignore_index,
                        label_smoothing=label_smoothing, mean=reduction == "mean", max_fused_c=max_fused_c,
-                       split_config=split_config, cooperative=cooperative, persistent_warps=persistent_warps)
+                       split_config=split_config, cooperative=cooperative, persistent_warps=persistent_warps,
+                       two_pass_config=two_pass_config)
     if reduction == "none":
         loss = row_loss
     else:
