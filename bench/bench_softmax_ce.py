@@ -125,7 +125,9 @@ def bench_cross_entropy(bench: Bench, shapes, dtypes) -> None:
         del g_ge2
         xt.grad = None
         es = x.element_size()
-        if C > K.MAX_FUSED_C[es]:
+        if C > K.MAX_FUSED_C[es] and K.TWO_PASS_CONFIG[es]:
+            path = _cfg_name(("two_pass", *K.TWO_PASS_CONFIG[es]))
+        elif C > K.MAX_FUSED_C[es]:
             path = f"split {_cfg_name(K.SPLIT_CONFIG[es])}"
         else:
             path = _cfg_name((K.ROW_CONFIG[es] or 0) if C > K.ROW_PERSISTENT_MIN_C else 0)
@@ -155,8 +157,9 @@ def bench_cross_entropy(bench: Bench, shapes, dtypes) -> None:
         torch.cuda.empty_cache()
 
 
-# Swept: the split path's (BLOCK_C, num_warps) at the long rows (SPLIT_CONFIG), and, for rows of
-# 8192x32768 (ROW_CONFIG), one row per program (0) or the persistent kernel with that many warps.
+# Swept: the split path's and the two-pass kernel's (BLOCK_C, num_warps) at the long rows (SPLIT_CONFIG,
+# TWO_PASS_CONFIG), and, for rows of 8192x32768 (ROW_CONFIG), one row per program (0) or the persistent
+# kernel with that many warps.
 SPLIT_SWEEP = [(2048, 4), (4096, 8), (8192, 8)]
 TWO_PASS_SWEEP = [(8192, 16), (16384, 16), (16384, 32), (32768, 32)]
 ROW_SWEEP = [0, 32, 16]

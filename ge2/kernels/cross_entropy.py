@@ -305,7 +305,8 @@ def cross_entropy_two_pass_kernel(
                         w_c = tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
                 g = _ce_grad(tl.exp(x - row_max) * inv_sum, c, t, valid, bad, w_t, w_c, w_sum, inv_d,
                              label_smoothing, C, SMOOTH)
-                tl.store(g_ptr + g_base + c * sg_c, g.to(g_ptr.dtype.element_ty), mask=ok)
+                # evict_first: dx is done with, the L2 keeps the rows the first passes are reading
+                tl.store(g_ptr + g_base + c * sg_c, g.to(g_ptr.dtype.element_ty), mask=ok, eviction_policy="evict_first")
 
 
 @triton.jit
