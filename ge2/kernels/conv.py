@@ -1139,6 +1139,11 @@ def _dw(gy: torch.Tensor, saved: torch.Tensor | None, x: torch.Tensor, weight: t
     tiles = runtime.cdiv(Kg, 64) * runtime.cdiv(ncols, 32) * geo.groups * taps
     numerics = _numerics(x.dtype)
     direct = x.dtype == torch.float32 and L * K * CRS <= DW_DIRECT_MACS.get(numerics["PRECISION"], 0)
+    if per_tap and x.dtype == torch.float32 and numerics["PRECISION"] != "ieee" and not direct and is_channels_last(x):
+        # tf32 wgmma takes K-major operands only, and NHWC's run along channels, not along the pixel
+        # reduction: NCHW copies of gY and X cost less than the strided dW (docs/conv.md, dW).
+        gy, x = gy.contiguous(), x.contiguous()
+        saved = saved.contiguous() if saved is not None else None
     # The reduction step: a QB-wide segment of one output row (direct: at most 32, the
     # accumulator holds QB partial sums per dW element).
     qb = min(max(_next_pow2(Q), 16), 32 if direct else 64)
