@@ -74,17 +74,40 @@ def test_views_with_other_offsets_replay():
         torch.testing.assert_close(out, torch.relu(v), rtol=0, atol=0)
 
 
-def test_aliased_inputs_are_not_recorded_and_do_not_confuse_a_plan():
-    x = randn(4, 6)
+def test_the_same_tensor_twice_replays_and_overlapping_inputs_are_not_recorded():
+    xs = _fresh(4, 6)
+    outs, hits = _calls(lambda x: registry.call("add", x, x), [(x,) for x in xs])
+    assert hits == 2
+    for out, x in zip(outs, xs):
+        torch.testing.assert_close(out, x + x, rtol=0, atol=0)
+    assert call_plans.key("add", (xs[0], xs[0]), {}) != call_plans.key("add", (xs[0], xs[1]), {})
+    # overlapping but not the same bytes: refused, and the distinct-input key is untouched by it
+    base = randn(5, 6)
     for _ in range(4):
-        torch.testing.assert_close(registry.call("add", x, x), x + x, rtol=0, atol=0)
+        torch.testing.assert_close(registry.call("add", base[:4], base[1:]), base[:4] + base[1:], rtol=0, atol=0)
     assert ("add", call_plans.ALIASED) in call_plans.REFUSED
-    assert call_plans.key("add", (x, x), {}) != call_plans.key("add", (x, x.clone()), {})
     ys, zs = _fresh(4, 6), _fresh(4, 6)
     outs, hits = _calls(lambda y, z: registry.call("add", y, z), list(zip(ys, zs)))
-    assert hits == 2  # distinct inputs have their own key, untouched by the aliased calls' refusals
+    assert hits == 2
     for out, y, z in zip(outs, ys, zs):
         torch.testing.assert_close(out, y + z, rtol=0, atol=0)
+
+
+def test_which_input_an_alias_repeats_is_part_of_the_key():
+    # mul's backward: dx = gy * y, dy = gy * x. (g, a, g) and (g, a, a) alias different inputs.
+    def grads(gy, x, y):
+        return registry.call("binary_backward", gy, x, y, op_name="mul", need_a=True, need_b=True)
+
+    for pattern, replays in (((0, 1, 0), 2), ((0, 1, 1), 2), ((0, 1, 0), 4)):  # the third: the first's plan
+        hits = call_plans.STATS["hits"]
+        for _ in range(4):
+            g, a = randn(3, 5), randn(3, 5)
+            args = tuple((g, a)[k] for k in pattern)
+            dx, dy = grads(*args)
+            torch.testing.assert_close(dx, args[0] * args[2], rtol=0, atol=0)
+            torch.testing.assert_close(dy, args[0] * args[1], rtol=0, atol=0)
+        assert call_plans.STATS["hits"] - hits == replays
+    assert call_plans.key("binary_backward", (g, a, g), {}) != call_plans.key("binary_backward", (g, a, a), {})
 
 
 def test_torch_work_inside_an_op_refuses_the_recording():

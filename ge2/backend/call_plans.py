@@ -16,8 +16,10 @@ A recording is kept only when it is provably a function of the key:
   fills are replayed as steps on the new tensors; any other torch op, or a host read, refuses the
   recording);
 * every tensor a kernel (or a torch step) touched lies inside an input, a returned output, or a
-  buffer the op allocated (scratch, reallocated on replay), and inputs do not overlap. A cached
-  buffer the op kept from an earlier call refuses the recording.
+  buffer the op allocated (scratch, reallocated on replay), and inputs do not overlap unless they
+  span the same bytes (x * x: the key says which earlier input shares an input's address, and the
+  kernel arguments are read from that one). A cached buffer the op kept from an earlier call
+  refuses the recording.
 
 Host state that changes between calls without changing the key would make a replay stale; ge2's
 ops keep none (dropout's seed and offset live in a device tensor, advanced by a kernel).
@@ -57,8 +59,8 @@ def key(op: str, inputs: tuple, attrs: dict) -> tuple | None:
         kind = type(v)
         if kind is _Tensor:
             ptr = v.data_ptr()
-            # the same tensor passed twice (x * x) is its own key: such calls are never recorded
-            parts.append((v.shape, v.stride(), v.dtype, v.device, ptr & 15, ptr in ptrs))
+            # which earlier input shares this address (x * x): the plan reads that input's address
+            parts.append((v.shape, v.stride(), v.dtype, v.device, ptr & 15, ptrs.index(ptr) if ptr in ptrs else -1))
             ptrs.append(ptr)
         elif kind in _SCALARS:
             parts.append((kind, v))
@@ -263,7 +265,7 @@ def _extent(t: torch.Tensor) -> int:
     return (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
 
 
-ALIASED = "inputs that overlap"
+ALIASED = "inputs that overlap (other than the same bytes twice)"
 # Refusals that say nothing about the key's next call: they do not count against RECORD_TRIES.
 TRANSIENT = (launch.NEW_PLAN,)
 
@@ -302,7 +304,13 @@ def _plan(recorder: launch.Recorder, inputs: tuple, out: Any, allocated: list) -
         return True
 
     for i in in_index:
-        if not add_source(inputs[i]):
+        t = inputs[i]
+        span = (t.data_ptr(), t.data_ptr() + _extent(t))
+        if span in ranges:  # the bytes of an earlier input (x * x): source() resolves its addresses to
+            sources.append(t)  # that input, and the key keeps the two aliased on every replay
+            ranges.append(span)
+            continue
+        if not add_source(t):
             recorder.refuse(ALIASED)  # which input a kernel argument came from would be ambiguous
             return None
     views: list = []
