@@ -13,10 +13,12 @@ count without weights). Rows whose target is ``ignore_index`` give 0 loss and 0 
 One pass over the logits gives both the row loss and dx (for gy = 1): the row is read once,
 dx is written once, into the logits buffer itself when the caller allows it. Backward then only
 scales dx by gy, reading gy on the device and skipping the pass when gy == 1 (``loss.backward()``).
-Rows up to ``MAX_FUSED_C`` (32768) classes are held in registers by one program. Longer rows are split
-over several programs (``cross_entropy_split_kernel``), each holding a slice in registers; on the
-GPU they exchange a partial (max, sum exp) through global memory and wait for each other, so the
-row is still read once. Rows whose target is ignored are not read at all.
+Rows up to ``MAX_FUSED_C`` (32768) classes are held in registers by one program. Longer 16-bit rows
+are streamed twice by one program per SM (``cross_entropy_two_pass_kernel``): the second pass, dx,
+re-reads the row from L2, so DRAM still sees one read. Other long rows are split over several
+programs (``cross_entropy_split_kernel``), each holding a slice in registers; on the GPU they
+exchange a partial (max, sum exp) through global memory and wait for each other, so the row is
+still read once. Rows whose target is ignored are not read at all.
 
 Targets are checked by ``target_stats_kernel``, a small pass over the targets that also computes
 D and sum(w): an out-of-range target gives that row NaN loss and gradient (never an out-of-bounds
@@ -55,8 +57,8 @@ MAX_COOPERATIVE_SPLIT = 64
 ROW_CONFIG = {4: None, 2: 32, 1: 32}
 # Rows longer than MAX_FUSED_C, by element size: (BLOCK_C, num_warps) of cross_entropy_two_pass_kernel,
 # or None for the split kernel. The fastest of bench/bench_softmax_ce.py's sweep at 4096 x 128256 on the H100
-# (ce_split_sweep rows): bf16 two-pass (16384, 32) 0.88 ms vs split (4096, 8) 1.13; fp32 rows (512 KB)
-# of one program per SM overflow the L2 (1.8 ms two-pass vs 1.52 split).
+# (ce_split_sweep rows): bf16 two-pass (16384, 32) 0.96 ms, (16384, 16) 1.02, vs split (4096, 8) 1.13;
+# fp32 rows (512 KB) of one program per SM overflow the L2 (1.80 ms two-pass vs 1.53 split).
 TWO_PASS_CONFIG = {4: None, 2: (16384, 32), 1: (16384, 32)}
 ROW_PERSISTENT_MIN_C = 16384
 SYNC_STRIDE: tl.constexpr = tl.constexpr(32)
