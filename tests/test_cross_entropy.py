@@ -94,17 +94,20 @@ def test_split_path_long_rows_with_options():
     _check(x, _targets((4,), 1000, seed=10, ignore_every=4), w, label_smoothing=0.2, max_fused_c=128)
 
 
+@pytest.mark.parametrize("path", [dict(split_config=(16, 1)), dict(two_pass_config=(16, 1))],
+                         ids=["split", "two-pass"])
 @pytest.mark.parametrize("reduction,weighted,smoothing", COMBOS)
-def test_split_rows_every_option(reduction, weighted, smoothing):
-    # Rows split over 16-class slices (the cooperative kernel on the GPU, two launches here), with
-    # a slice of ignored rows, an all -inf slice (rows of C=37: 3 slices, the last of 5 classes).
+def test_long_row_paths_every_option(reduction, weighted, smoothing, path):
+    # Rows split over 16-class slices (the cooperative kernel on the GPU, two launches here) or
+    # streamed twice in 16-class tiles (3 programs here looping over the 6 rows), with ignored rows,
+    # an all -inf slice / first tile (rows of C=37: 3 slices, the last of 5 classes).
     C = 37
     x = randn(6, C, noncontig=True, seed=41) * 4
     x[1, :16] = float("-inf")
     w = (randn(C, seed=42).abs() + 0.3) if weighted else None
     t = _targets((6,), C, seed=43)
     t[1] = 20  # a finite target in a row whose first slice is all -inf
-    _check(x, t, w, reduction=reduction, label_smoothing=smoothing, split_config=(16, 1))
+    _check(x, t, w, reduction=reduction, label_smoothing=smoothing, **path)
 
 
 def test_split_rows_in_place_and_forward_only():
@@ -146,19 +149,6 @@ def test_persistent_whole_rows_in_place_and_spatial():
     assert torch.equal(loss_i, loss) and torch.equal(g_i, g)
     loss_f, g_f = K.cross_entropy_fwd_bwd(x, t, compute_grad=False, **kw)  # forward only: one row per program
     assert g_f is None and torch.allclose(loss_f, loss, rtol=1e-6, atol=0)
-
-
-@pytest.mark.parametrize("reduction,weighted,smoothing", COMBOS)
-def test_two_pass_rows_every_option(reduction, weighted, smoothing):
-    # Rows streamed in 8-class tiles twice (3 programs here looping over 7 rows): an all -inf first
-    # tile, a finite target behind it, ignored rows between the others, non-contiguous logits.
-    C = 37
-    x = randn(7, C, noncontig=True, seed=61) * 4
-    x[1, :8] = float("-inf")
-    w = (randn(C, seed=62).abs() + 0.3) if weighted else None
-    t = _targets((7,), C, seed=63, ignore_every=3)
-    t[1] = 20
-    _check(x, t, w, reduction=reduction, label_smoothing=smoothing, two_pass_config=(8, 1))
 
 
 def test_two_pass_rows_in_place_spatial_and_forward_only():
