@@ -143,20 +143,17 @@ def cross_entropy_fwd_bwd_kernel(
     row_sum = tl.sum(tl.exp(x - row_max[:, None]), 1)
     lse = row_max + tl.log(row_sum)
     x_t = tl.load(x_ptr + x_base + tl.where(use, t, 0) * sx_c, mask=use, other=0.0).to(tl.float32)
-    loss = (1.0 - label_smoothing) * w_t * (lse - x_t)
     w_sum = tl.load(stats_ptr + 1)
+    w_x = 0.0
     if SMOOTH:
         if HAS_WEIGHT:
             w_row = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         else:
             w_row = tl.where(col_ok, 1.0, 0.0)[None, :]
         w_x = tl.sum(tl.where(ok, w_row * x, 0.0), 1)
-        loss += (label_smoothing / C) * (w_sum * lse - w_x)
     else:
         w_row = tl.zeros([1, BLOCK_C], tl.float32)
-    # Ignored rows are 0 even when their logits are NaN (w[t] = 0 times NaN would not be).
-    loss = tl.where(valid, loss, 0.0)
-    loss = tl.where(bad, float("nan"), loss)
+    loss = _ce_loss(lse, x_t, w_x, w_t, w_sum, valid, bad, label_smoothing, C, SMOOTH)
     tl.store(loss_ptr + rows, loss.to(loss_ptr.dtype.element_ty), mask=rows < n_rows)
     if COMPUTE_GRAD:
         inv_d = 1.0
@@ -217,12 +214,7 @@ def cross_entropy_persistent_kernel(
         t2, valid2, bad2, w_t2 = _row_target(t_ptr, row + 2 * n_prog, n_rows, inner, st_o, st_i, C, ignore_index,
                                              w_ptr, HAS_WEIGHT)
         lse = row_max + tl.log(row_sum)
-        loss = (1.0 - label_smoothing) * w_t * (lse - x_t)
-        if SMOOTH:
-            loss += (label_smoothing / C) * (w_sum * lse - wx)
-        # Ignored rows are 0 even when their logits are NaN (w[t] = 0 times NaN would not be).
-        loss = tl.where(valid, loss, 0.0)
-        loss = tl.where(bad, float("nan"), loss)
+        loss = _ce_loss(lse, x_t, wx, w_t, w_sum, valid, bad, label_smoothing, C, SMOOTH)
         tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
         g = _ce_grad(e * (1.0 / row_sum), c, t, valid, bad, w_t, w_c, w_sum, inv_d, label_smoothing, C, SMOOTH)
         tl.store(g_ptr + row_offsets(row, inner, sg_o, sg_i) + c * sg_c, g.to(g_ptr.dtype.element_ty), mask=ok)
@@ -286,12 +278,10 @@ def cross_entropy_two_pass_kernel(
         row_sum = tl.sum(s, 0)
         lse = row_max + tl.log(row_sum)
         x_t = tl.load(x_ptr + x_base + tl.where(use, t, 0) * sx_c, mask=use, other=0.0).to(tl.float32)
-        loss = (1.0 - label_smoothing) * w_t * (lse - x_t)
+        wx_row = 0.0
         if SMOOTH:
-            loss += (label_smoothing / C) * (w_sum * lse - tl.sum(wx, 0))
-        # Ignored rows are 0 even when their logits are NaN (w[t] = 0 times NaN would not be).
-        loss = tl.where(valid, loss, 0.0)
-        loss = tl.where(bad, float("nan"), loss)
+            wx_row = tl.sum(wx, 0)
+        loss = _ce_loss(lse, x_t, wx_row, w_t, w_sum, valid, bad, label_smoothing, C, SMOOTH)
         tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
         if COMPUTE_GRAD:
             g_base = row_offsets(row, inner, sg_o, sg_i)
@@ -396,12 +386,10 @@ def cross_entropy_split_kernel(
         lse = row_max + tl.log(row_sum)
         if part == 0:
             x_t_row = tl.sum(tl.load(p_row + j * 4 + 3, mask=jm, other=0.0, cache_modifier=".cg"), 0)
-            loss = (1.0 - label_smoothing) * w_t * (lse - x_t_row)
+            wx_row = 0.0
             if SMOOTH:
                 wx_row = tl.sum(tl.load(p_row + j * 4 + 2, mask=jm, other=0.0, cache_modifier=".cg"), 0)
-                loss += (label_smoothing / C) * (w_sum * lse - wx_row)
-            loss = tl.where(valid, loss, 0.0)
-            loss = tl.where(bad, float("nan"), loss)
+            loss = _ce_loss(lse, x_t_row, wx_row, w_t, w_sum, valid, bad, label_smoothing, C, SMOOTH)
             tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
         if COMPUTE_GRAD:
             if PHASE == 2:
@@ -418,6 +406,17 @@ def cross_entropy_split_kernel(
 def _load_slice(x_ptr, x_base, c, sx_c, ok, use):
     """A row slice in fp32; rows that are ignored (or bad) are not read: their loss and dx do not depend on them."""
     return tl.load(x_ptr + x_base + c * sx_c, mask=ok & use, other=float("-inf")).to(tl.float32)
+
+
+@triton.jit
+def _ce_loss(lse, x_t, wx, w_t, w_sum, valid, bad, label_smoothing, C, SMOOTH: tl.constexpr):
+    """A row's loss (before the mean's 1/D) from lse, x[t] and (SMOOTH) sum_c w[c] x[c]; 0 for ignored rows, NaN for bad ones."""
+    loss = (1.0 - label_smoothing) * w_t * (lse - x_t)
+    if SMOOTH:
+        loss += (label_smoothing / C) * (w_sum * lse - wx)
+    # Ignored rows are 0 even when their logits are NaN (w[t] = 0 times NaN would not be).
+    loss = tl.where(valid, loss, 0.0)
+    return tl.where(bad, float("nan"), loss)
 
 
 @triton.jit
