@@ -215,3 +215,69 @@ def test_outputs_that_are_views_of_allocations_replay():
         torch.testing.assert_close(gx.grad.data.double(), tx.grad, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(gw.grad.data.double(), tw.grad, rtol=1e-4, atol=1e-4)
     assert not [k for k in call_plans.REFUSED if k[0].startswith("conv2d")], call_plans.REFUSED
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="ge2's launcher is CUDA code: GPU only")
+
+
+def _native_plan(name, *inputs, **attrs):
+    """The plan of a repeated call, after asserting that its launches go through ge2's launcher."""
+    from ge2.kernels import launch
+
+    assert launch._native() is not None, "ge2_launcher did not build"
+    for _ in range(3):
+        registry.call(name, *inputs, **attrs)
+    plan = call_plans.find(name, inputs, attrs)[1]
+    assert plan is not None, f"{name} was not recorded"
+    assert any(type(v).__name__ == "Launch" for v in plan.replay.__globals__.values()), plan.source
+    return plan
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_native_launches_pack_pointers_ints_tuples_and_floats(dtype):
+    """add (tuple sizes, int64 scalars), a scaled softmax (an fp32 scalar), a fused GEMM (many ints):
+    replays through ge2's launcher give the full path's results with new tensors."""
+    def operands():
+        if dtype == torch.int64:
+            return (torch.randint(-2**40, 2**40, (33, 1, 7), device=DEVICE),
+                    torch.randint(-2**40, 2**40, (5, 7), device=DEVICE))
+        return randn(33, 1, 7, dtype=dtype), randn(5, 7, dtype=dtype)
+
+    _native_plan("add", *operands())
+    for _ in range(2):
+        x, y = operands()
+        torch.testing.assert_close(registry.call("add", x, y), x + y, rtol=0, atol=0)
+    if dtype == torch.int64:
+        return
+    s = randn(9, 131, dtype=dtype)
+    _native_plan("softmax", s, dim=1, scale=0.37)
+    s = randn(9, 131, dtype=dtype)
+    ref = torch.softmax(s.float() * 0.37, dim=1).to(dtype)
+    torch.testing.assert_close(registry.call("softmax", s, dim=1, scale=0.37), ref, rtol=2e-2, atol=1e-3)
+    a, w, b = randn(6, 9), randn(5, 9), randn(5)
+    _native_plan("gemm", a, w, None, b, trans_b=True, bias_kind="per_n", act="relu")
+    a, w, b = randn(6, 9), randn(5, 9), randn(5)
+    out = registry.call("gemm", a, w, None, b, trans_b=True, bias_kind="per_n", act="relu")[0]
+    torch.testing.assert_close(out, torch.relu(a.double() @ w.double().T + b.double()).float(), rtol=1e-4, atol=1e-4)
+
+
+@gpu
+def test_native_launches_run_on_the_current_stream_and_in_new_threads():
+    import threading
+
+    x, y = randn(64, 65), randn(64, 65)
+    _native_plan("mul", x, y)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(50):  # queued behind each other on the side stream only
+            out = registry.call("mul", x, y)
+    side.synchronize()
+    torch.testing.assert_close(out, x * y, rtol=0, atol=0)
+    results = []
+    thread = threading.Thread(target=lambda: results.append(registry.call("mul", x, y)))
+    thread.start()
+    thread.join()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(results[0], x * y, rtol=0, atol=0)

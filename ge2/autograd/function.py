@@ -128,7 +128,7 @@ class Function:
         record = True in needs and grad_mode.is_grad_enabled()
         ctx = Context(needs)
         out = cls.forward(ctx, *raw)
-        single = isinstance(out, torch.Tensor)
+        single = type(out) is torch.Tensor or isinstance(out, torch.Tensor)
         outs = (out,) if single else tuple(out)
         if record:
             node = Node(
@@ -144,6 +144,8 @@ class Function:
                 for i, o in enumerate(outs)
             )
             ctx._track_versions(inputs + list(results))
+        elif single:
+            return _Tensor._from_op(out, inputs, None, 0)
         else:
             results = tuple([_Tensor._from_op(o, inputs, None, i) for i, o in enumerate(outs)])
         return results[0] if single else results

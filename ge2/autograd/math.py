@@ -51,7 +51,8 @@ class Add(Function):
 
     @classmethod
     def forward(cls, ctx, a, b):
-        ctx.shapes = [tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in (a, b)]
+        if True in ctx.needs_input_grad:
+            ctx.shapes = [tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in (a, b)]
         return call(cls.op_name, a, b)
 
     @classmethod
@@ -102,27 +103,32 @@ class Pow(_ProductLike):
 
 def add(a, b) -> Tensor:
     """a + b with broadcasting; either may be a Python number."""
-    return Add.apply(_operand(a, "add"), _operand(b, "add"))
+    return Add.apply(a if type(a) is Tensor else _operand(a, "add"),
+                     b if type(b) is Tensor else _operand(b, "add"))
 
 
 def sub(a, b) -> Tensor:
     """a - b with broadcasting."""
-    return Sub.apply(_operand(a, "sub"), _operand(b, "sub"))
+    return Sub.apply(a if type(a) is Tensor else _operand(a, "sub"),
+                     b if type(b) is Tensor else _operand(b, "sub"))
 
 
 def mul(a, b) -> Tensor:
     """a * b with broadcasting."""
-    return Mul.apply(_operand(a, "mul"), _operand(b, "mul"))
+    return Mul.apply(a if type(a) is Tensor else _operand(a, "mul"),
+                     b if type(b) is Tensor else _operand(b, "mul"))
 
 
 def div(a, b) -> Tensor:
     """a / b (true division) with broadcasting."""
-    return Div.apply(_operand(a, "div"), _operand(b, "div"))
+    return Div.apply(a if type(a) is Tensor else _operand(a, "div"),
+                     b if type(b) is Tensor else _operand(b, "div"))
 
 
 def pow(a, b) -> Tensor:  # noqa: A001 (torch's name)
     """a ** b with broadcasting."""
-    return Pow.apply(_operand(a, "pow"), _operand(b, "pow"))
+    return Pow.apply(a if type(a) is Tensor else _operand(a, "pow"),
+                     b if type(b) is Tensor else _operand(b, "pow"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -673,15 +679,15 @@ def _install_methods() -> None:
     def cmp(op):
         return lambda self, other: compare(op, self, other)
 
-    T.__add__ = lambda self, o: add(self, o)
+    T.__add__ = add
     T.__radd__ = lambda self, o: add(o, self)
-    T.__sub__ = lambda self, o: sub(self, o)
+    T.__sub__ = sub
     T.__rsub__ = lambda self, o: sub(o, self)
-    T.__mul__ = lambda self, o: mul(self, o)
+    T.__mul__ = mul
     T.__rmul__ = lambda self, o: mul(o, self)
-    T.__truediv__ = lambda self, o: div(self, o)
+    T.__truediv__ = div
     T.__rtruediv__ = lambda self, o: div(o, self)
-    T.__pow__ = lambda self, o: pow(self, o)
+    T.__pow__ = pow
     T.__rpow__ = lambda self, o: pow(o, self)
     T.__neg__ = neg
     T.__pos__ = lambda self: self

@@ -42,7 +42,7 @@ from ge2 import runtime
 from ge2.kernels import launch
 
 ENABLED: bool = os.environ.get("GE2_CALL_PLANS", "1") not in ("", "0")
-MAX_PLANS = 4096  # per op; a full table is cleared
+MAX_PLANS = 16384  # call keys of all ops; a full table is cleared (shapes beyond that are a workload's churn)
 STATS = {"hits": 0, "plans": 0, "refused": 0}
 REFUSED: dict[tuple[str, str], int] = {}  # (op, why) -> recordings refused: what keeps an op off the fast path
 _Tensor = torch.Tensor
@@ -52,32 +52,39 @@ _FACTORIES = frozenset(("aten::empty", "aten::empty_strided", "aten::empty_like"
 
 
 def key(op: str, inputs: tuple, attrs: dict) -> tuple | None:
-    """The call key, or None when an input or attribute cannot be keyed (lists, tensors in attrs)."""
+    """The call key, or None when an input or attribute cannot be keyed (lists, tensors in attrs).
+
+    Flat: each input adds its items to one tuple (a tensor six, led by its torch.Size; a scalar two
+    or three, led by its type), so hashing and comparing it walks no nested tuples; a Size never
+    equals a type, so the flat sequence reads back one way only.
+    """
     parts: list = [op, runtime._matmul_precision]  # the module global itself: this runs on every call
     ptrs: list = []
     for v in inputs:
-        kind = type(v)
-        if kind is _Tensor:
+        if type(v) is _Tensor:
             ptr = v.data_ptr()
             # which earlier input shares this address (x * x): the plan reads that input's address
-            parts.append((v.shape, v.stride(), v.dtype, v.device, ptr & 15, ptrs.index(ptr) if ptr in ptrs else -1))
+            parts += (v.shape, v.stride(), v.dtype, v.device, ptr & 15, ptrs.index(ptr) if ptr in ptrs else -1)
             ptrs.append(ptr)
-        elif kind in _SCALARS:
-            parts.append((kind, v))
-        elif kind is float:
-            parts.append((float, v, math.copysign(1.0, v)))
-        else:
-            return None
-    for name, v in attrs.items():
+            continue
         kind = type(v)
-        if kind in _SCALARS or kind is tuple:
-            parts.append((name, kind, v))
+        if kind in _SCALARS:
+            parts += (kind, v)
         elif kind is float:
-            parts.append((name, float, v, math.copysign(1.0, v)))
-        elif kind is torch.dtype:
-            parts.append((name, v))
+            parts += (float, v, math.copysign(1.0, v))
         else:
             return None
+    if attrs:
+        for name, v in attrs.items():
+            kind = type(v)
+            if kind in _SCALARS or kind is tuple:
+                parts.append((name, kind, v))
+            elif kind is float:
+                parts.append((name, float, v, math.copysign(1.0, v)))
+            elif kind is torch.dtype:
+                parts.append((name, v))
+            else:
+                return None
     return tuple(parts)
 
 
@@ -222,7 +229,13 @@ def _compile(plan: CallPlan) -> tuple[str, Callable[[tuple], Any]]:
             else:
                 args[at] = f"_Descriptor(_Address(p{src} + {delta}), *{const(tuple(meta))})"
         k, p = const(kernel), const(lp)
-        if lp.direct is not None and not interpreted:
+        native = None if interpreted else launch.native(lp, template, [at for at, _, _, _ in slots])
+        if native is not None:  # ge2's launcher, the addresses in argument order; else (or on False) the plan's
+            entry, packed = native
+            addresses = ", ".join(args[at] for at in sorted(at for at, _, _, _ in slots))
+            lines.append(f"    if not (fast and {const(entry)}({const(packed)}, stream, {addresses})):")
+            lines.append(f"        _replay({k}, {p}, [{', '.join(args)}])")
+        elif lp.direct is not None and not interpreted:
             entry, grid, fixed = lp.direct
             lines.append("    if fast:")
             lines.append(f"        {const(entry)}({', '.join(map(str, grid))}, stream, *{const(fixed)}, {', '.join(args)})")
@@ -406,42 +419,37 @@ def _plan(recorder: launch.Recorder, inputs: tuple, out: Any, allocated: list) -
     return CallPlan(in_index, in_layouts, outputs, result, launches)
 
 
-_PLANS: dict[str, dict] = {}
-_SEEN: dict[str, dict] = {}  # op -> call key -> calls without a plan so far
+PLANS: dict[tuple, CallPlan] = {}  # call key (its first item is the op) -> plan; the registry reads it directly
+_SEEN: dict[tuple, int] = {}  # call key -> calls without a plan so far
 RECORD_TRIES = 3  # recordings refused before a key runs plainly for good (a scratch buffer, a fill)
 
 
 def find(op: str, inputs: tuple, attrs: dict) -> tuple[tuple | None, CallPlan | None]:
-    """(the call key, its plan): ``key`` and ``lookup`` in one call (the registry's hot path)."""
+    """(the call key, its plan or None)."""
     call_key = key(op, inputs, attrs)
-    if call_key is None:
-        return None, None
-    table = _PLANS.get(op)
-    return call_key, (table.get(call_key) if table is not None else None)
+    return call_key, (PLANS.get(call_key) if call_key is not None else None)
 
 
 def run(op: str, call_key: tuple, fn: Callable[..., Any], inputs: tuple, attrs: dict) -> Any:
     """A call without a plan: the first time for this key it only runs, then it records (a few tries)."""
-    seen = _SEEN.setdefault(op, {})
-    calls = seen.get(call_key, 0)
+    calls = _SEEN.get(call_key, 0)
     if calls == 0:
-        if len(seen) >= MAX_PLANS:
-            seen.clear()
-        seen[call_key] = 1
+        if len(_SEEN) >= MAX_PLANS:
+            _SEEN.clear()
+        _SEEN[call_key] = 1
     if calls == 0 or calls > RECORD_TRIES:
         return fn(*inputs, **attrs)
     out, plan, why = record(op, fn, inputs, attrs)
     if why not in TRANSIENT:
-        seen[call_key] = calls + 1
+        _SEEN[call_key] = calls + 1
     if plan is not None:
-        table = _PLANS.setdefault(op, {})
-        if len(table) >= MAX_PLANS:
-            table.clear()
-        table[call_key] = plan
+        if len(PLANS) >= MAX_PLANS:
+            PLANS.clear()
+        PLANS[call_key] = plan
     return out
 
 
 def clear() -> None:
     """Forget every call plan (and which keys were seen)."""
-    _PLANS.clear()
+    PLANS.clear()
     _SEEN.clear()
