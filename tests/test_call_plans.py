@@ -8,7 +8,7 @@ import torch
 
 import ge2
 import ge2.nn.functional as F
-from ge2.backend import call_plans, registry
+from ge2.backend import call_plans, native, registry
 from ge2.kernels import gemm as gemm_kernels
 from numerics import DEVICE, randn
 
@@ -222,9 +222,7 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="ge2's launcher i
 
 def _native_plan(name, *inputs, **attrs):
     """The plan of a repeated call, after asserting that its launches go through ge2's launcher."""
-    from ge2.kernels import launch
-
-    assert launch._native() is not None, "ge2_launcher did not build"
+    assert native.module() is not None, "ge2_native did not build"
     for _ in range(3):
         registry.call(name, *inputs, **attrs)
     plan = call_plans.find(name, inputs, attrs)[1]
@@ -281,3 +279,24 @@ def test_native_launches_run_on_the_current_stream_and_in_new_threads():
     thread.join()
     torch.cuda.synchronize()
     torch.testing.assert_close(results[0], x * y, rtol=0, atol=0)
+
+
+def test_the_compiled_key_is_the_python_key():
+    """native.c's call_key builds, item for item, the tuple python_key builds (or None with it)."""
+    if native.module() is None:
+        pytest.skip("ge2_native cannot be built here (no C compiler)")
+    c_key = native.call_key()
+    x, y = randn(4, 6), randn(4, 6, noncontig=True)
+    cases = [
+        ("add", (x, y), {}), ("add", (x, x), {}), ("add", (y, x, y), {}), ("mul", (x[1:], 2), {}),
+        ("x", (1.5, -0.0, 0.0, True, 3, "s", None), {}), ("x", (x.to(torch.float16), x.t()), {"dim": 1}),
+        ("softmax", (x,), {"dim": -1, "scale": -0.0, "mask": None, "name": "n", "flag": False,
+                           "dims": (0, 1), "dtype": torch.bfloat16, "eps": 1e-5}),
+        ("x", ([x],), {}), ("x", (x,), {"w": x}), ("x", (x,), {"l": [1]}), ("x", (), {}),
+    ]
+    for op, inputs, attrs in cases:
+        for precision in ("tf32x3", "ieee"):
+            expected = call_plans.python_key(op, precision, inputs, attrs)
+            got = c_key(op, precision, inputs, attrs)
+            assert got == expected and [type(v) for v in got or ()] == [type(v) for v in expected or ()], (op, inputs, attrs)
+    assert c_key("add", "ieee", (x, y), {}) != c_key("add", "ieee", (x, x), {})

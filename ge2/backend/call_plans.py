@@ -39,6 +39,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ge2 import runtime
+from ge2.backend import native
 from ge2.kernels import launch
 
 ENABLED: bool = os.environ.get("GE2_CALL_PLANS", "1") not in ("", "0")
@@ -52,13 +53,18 @@ _FACTORIES = frozenset(("aten::empty", "aten::empty_strided", "aten::empty_like"
 
 
 def key(op: str, inputs: tuple, attrs: dict) -> tuple | None:
-    """The call key, or None when an input or attribute cannot be keyed (lists, tensors in attrs).
+    """The call key, or None when an input or attribute cannot be keyed (lists, tensors in attrs)."""
+    return compute_key(op, runtime._matmul_precision, inputs, attrs)
+
+
+def python_key(op: str, precision: str, inputs: tuple, attrs: dict) -> tuple | None:
+    """The call key in Python (``native.c``'s call_key builds the same tuple).
 
     Flat: each input adds its items to one tuple (a tensor six, led by its torch.Size; a scalar two
     or three, led by its type), so hashing and comparing it walks no nested tuples; a Size never
     equals a type, so the flat sequence reads back one way only.
     """
-    parts: list = [op, runtime._matmul_precision]  # the module global itself: this runs on every call
+    parts: list = [op, precision]
     ptrs: list = []
     for v in inputs:
         if type(v) is _Tensor:
@@ -86,6 +92,16 @@ def key(op: str, inputs: tuple, attrs: dict) -> tuple | None:
             else:
                 return None
     return tuple(parts)
+
+
+def _first_key(op: str, precision: str, inputs: tuple, attrs: dict) -> tuple | None:
+    global compute_key
+    compute_key = native.call_key() or python_key
+    return compute_key(op, precision, inputs, attrs)
+
+
+# (op, precision, inputs, attrs) -> call key: ge2_native's once built (on the first call), else python_key
+compute_key: Callable[[str, str, tuple, dict], tuple | None] = _first_key
 
 
 class _Watch(TorchDispatchMode):
@@ -229,9 +245,11 @@ def _compile(plan: CallPlan) -> tuple[str, Callable[[tuple], Any]]:
             else:
                 args[at] = f"_Descriptor(_Address(p{src} + {delta}), *{const(tuple(meta))})"
         k, p = const(kernel), const(lp)
-        native = None if interpreted else launch.native(lp, template, [at for at, _, _, _ in slots])
-        if native is not None:  # ge2's launcher, the addresses in argument order; else (or on False) the plan's
-            entry, packed = native
+        native_launch = None
+        if not interpreted and lp.direct is not None:
+            native_launch = native.packed_launch(lp.kernel, lp.direct[1], template, [at for at, _, _, _ in slots])
+        if native_launch is not None:  # ge2's launcher, the addresses in argument order; else (or on False) the plan's
+            entry, packed = native_launch
             addresses = ", ".join(args[at] for at in sorted(at for at, _, _, _ in slots))
             lines.append(f"    if not (fast and {const(entry)}({const(packed)}, stream, {addresses})):")
             lines.append(f"        _replay({k}, {p}, [{', '.join(args)}])")

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from ge2 import runtime
 from ge2.backend import call_plans
 from ge2.backend.schema import Schema
 from ge2.kernels import launch
@@ -73,7 +74,7 @@ def call(name: str, *inputs: Any, **attrs: Any) -> Any:
     """Validate ``inputs``/``attrs`` against op ``name``'s schema and run the current backend's impl."""
     call_key = None
     if _backend == "triton" and call_plans.ENABLED and launch.ENABLED:
-        call_key = call_plans.key(name, inputs, attrs)
+        call_key = call_plans.compute_key(name, runtime._matmul_precision, inputs, attrs)
         plan = _PLANS.get(call_key) if call_key is not None else None
         if plan is not None:  # this key passed the schema check before
             return plan.replay(inputs)

@@ -24,14 +24,10 @@ from __future__ import annotations
 
 import math
 import os
-import struct
 import sys
-import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
-import triton
 from triton import knobs
 from triton.runtime.autotuner import Autotuner, Heuristics
 
@@ -169,91 +165,6 @@ def _direct(kernel, grid: tuple) -> tuple | None:
     return (launcher.launch, tuple(grid),
             (kernel.function, launcher.launch_cooperative_grid, launcher.launch_pdl, None, None,
              kernel.packed_metadata, None, None, None))
-
-
-# ge2's own launcher (launcher.c): call plans know every kernel argument but the addresses, so the
-# parameter block is packed once per launch and a call passes only the addresses.
-NATIVE: bool = os.environ.get("GE2_NATIVE_LAUNCH", "1") not in ("", "0")
-# Triton versions whose kernel parameter layout ``native`` reproduces (signature order, constexprs
-# left out, then the global and profile scratch addresses); others keep Triton's launcher.
-_NATIVE_TRITON = ("3.6.",)
-_PACK = {"i1": "b", "i8": "b", "i16": "h", "i32": "i", "i64": "q", "u1": "B", "u8": "B", "u16": "H", "u32": "I",
-         "u64": "Q", "fp32": "f", "f32": "f", "fp64": "d"}
-_native_module: Any = None  # the built module, or False where it cannot be built
-
-
-def _native():
-    """The ge2_launcher module, built on first use into Triton's cache (like Triton's own launchers)."""
-    global _native_module
-    if _native_module is None:
-        _native_module = False
-        if NATIVE and triton.__version__.startswith(_NATIVE_TRITON):
-            try:
-                from triton.backends.nvidia import driver as nvidia
-                from triton.runtime.build import compile_module_from_src
-
-                source = (Path(__file__).parent / "launcher.c").read_text()
-                _native_module = compile_module_from_src(source, "ge2_launcher", include_dirs=nvidia.include_dirs)
-            except Exception as e:  # no compiler, no libcuda: Triton's launcher still works
-                warnings.warn(f"ge2: the native launcher is unavailable ({type(e).__name__}: {e}); "
-                              "using Triton's launcher", RuntimeWarning, stacklevel=2)
-    return _native_module or None
-
-
-def native(plan: _Plan, values: list, slots: list[int]) -> tuple[Any, Any] | None:
-    """(launch function, packed launch) of ``plan``'s kernel with these argument values, the arguments
-    at positions ``slots`` (device addresses) passed per call in position order:
-    ``function(packed, stream, *addresses)`` launches, and returns False (nothing launched) on a
-    thread without a CUDA context.
-
-    None when the kernel has an argument this packer does not lay out (TMA descriptors,
-    16-bit float scalars), or the launcher cannot be built: the caller keeps Triton's launcher.
-    """
-    if plan.direct is None or plan.kernel is None or (module := _native()) is None:
-        return None
-    kernel = plan.kernel
-    signature = list(getattr(kernel.src, "signature", {}).values())
-    if len(signature) != len(values):
-        return None
-    flat: list[tuple[str, Any, bool]] = []  # (type, value, an address passed per call?), tuples flattened
-
-    def flatten(kind, value, slot: bool) -> bool:
-        if isinstance(kind, tuple):
-            return (type(value) is tuple and len(value) == len(kind) and not slot
-                    and all(flatten(k, v, False) for k, v in zip(kind, value)))
-        if kind != "constexpr":
-            flat.append((kind, value, slot))
-        return kind != "constexpr" or not slot
-
-    if not all(flatten(kind, value, at in slots) for at, (kind, value) in enumerate(zip(signature, values))):
-        return None
-    storage, offsets, addresses = bytearray(), [], []
-    for kind, value, slot in flat:
-        offsets.append(len(storage))
-        if slot:
-            if not kind.startswith("*"):
-                return None
-            addresses.append(len(storage))
-            value = 0
-        if kind.startswith("*") and type(value) is int:
-            storage += struct.pack("Q", value)
-        elif kind in _PACK and type(value) in (int, bool, float):
-            try:
-                storage += struct.pack(_PACK[kind], value)
-            except struct.error:  # out of the type's range: Triton would not have typed it so
-                return None
-        else:
-            return None
-        storage += bytes(-len(storage) % 8)  # each parameter 8-byte aligned
-    for _ in range(2):  # the global and profile scratch addresses Triton appends (none: plan.direct says so)
-        offsets.append(len(storage))
-        storage += bytes(8)
-    launcher = kernel.run
-    grid = plan.direct[1]
-    packed = module.Launch(kernel.function, tuple(grid), 32 * kernel.metadata.num_warps, kernel.metadata.shared,
-                           bool(launcher.launch_cooperative_grid), bool(launcher.launch_pdl), bytes(storage),
-                           tuple(offsets), tuple(addresses))
-    return module.launch, packed
 
 
 def _no_hooks() -> bool:
