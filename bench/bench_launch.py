@@ -1,7 +1,8 @@
 """Host cost of one op: microseconds of Python per call on the repeated path, ge2 vs torch (issue 7).
 
 Each case is called N times back to back without synchronising (the GPU queue absorbs the
-kernels; the host loop is what is timed), after a warm-up that compiles and tunes everything.
+kernels; the host loop is what is timed), after a warm-up that compiles and tunes everything; ge2
+and torch take turns over 15 rounds and each reports its median (``harness.host_us_interleaved``).
 Cases: a tiny elementwise add (through autograd, and as a bare registry call that replays its call
 plan), the bare compiled-kernel launch for scale, a tiny Linear+relu forward, and its
 forward+backward. Writes
@@ -21,11 +22,11 @@ sys.path.insert(0, str(ROOT))
 
 import ge2  # noqa: E402
 import ge2.nn.functional as F  # noqa: E402
-from bench.harness import RESULTS_DIR, add_kernel, environment, host_us  # noqa: E402
+from bench.harness import RESULTS_DIR, add_kernel, environment, host_us_interleaved  # noqa: E402
 
 
 def main() -> None:
-    n = 2000 if torch.cuda.is_available() else 3
+    n = 400 if torch.cuda.is_available() else 3
     dev = ge2.device()
     xt = torch.randn(64, 128, device=dev)
     wt = torch.randn(64, 128, device=dev) * 0.1
@@ -64,8 +65,7 @@ def main() -> None:
     print(f"{'case':30} {'ge2 us':>9} {'torch us':>9} {'ge2/torch':>9}")
     for name, (g, t) in cases.items():
         with ge2.no_grad() if "bwd" not in name else ge2.enable_grad():
-            gu = host_us(g, n, warmup=50)
-        tu = host_us(t, n, warmup=50)
+            gu, tu = host_us_interleaved([g, t], n if "bwd" not in name else n // 4, warmup=50)
         rows.append({"case": name, "ge2_us": gu, "torch_us": tu, "ratio": gu / tu})
         print(f"{name:30} {gu:9.1f} {tu:9.1f} {gu / tu:9.2f}")
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)

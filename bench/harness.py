@@ -52,24 +52,33 @@ def time_ms(fn: Callable[[], Any], warmup_ms: int = 25, rep_ms: int = 100, cuda_
 
 
 def host_us(fn: Callable[[], Any], n: int, warmup: int = 3) -> float:
-    """Median over 5 rounds of the host time per call (µs) of ``n`` back-to-back calls of ``fn``.
+    """Median host time per call (µs) of ``fn`` over rounds of ``n`` back-to-back calls (``host_us_interleaved``)."""
+    return host_us_interleaved([fn], n, warmup=warmup)[0]
+
+
+def host_us_interleaved(fns: list[Callable[[], Any]], n: int, warmup: int = 3, rounds: int = 15) -> list[float]:
+    """Per function, the median over ``rounds`` of the host time per call (µs) of ``n`` back-to-back calls.
 
     Nothing synchronises inside a round (the GPU queue absorbs the kernels): the host's launch path
-    is what is timed, after ``warmup`` calls that compile and tune everything.
+    is what is timed, after ``warmup`` calls that compile and tune everything. The functions take
+    turns round by round, so a drift of the host's speed (it moves by tens of percent within a
+    minute on the device machine) reaches each of them alike and their ratio stays fair.
     """
-    for _ in range(warmup):
-        fn()
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    rounds = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        rounds.append((time.perf_counter() - t0) / n * 1e6)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-    return sorted(rounds)[2]
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, own in zip(fns, times):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            own.append((time.perf_counter() - t0) / n * 1e6)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+    return [sorted(own)[len(own) // 2] for own in times]
 
 
 def environment() -> dict[str, str]:

@@ -8,8 +8,8 @@ import torch
 
 import ge2
 import ge2.nn.functional as F
-from ge2.backend import call_plans, native, registry
-from ge2.kernels import gemm as gemm_kernels
+from ge2.backend import call_plans, registry
+from ge2.kernels import gemm as gemm_kernels, native
 from numerics import DEVICE, randn
 
 pytestmark = pytest.mark.skipif(not call_plans.ENABLED, reason="GE2_CALL_PLANS=0")

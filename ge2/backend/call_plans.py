@@ -39,8 +39,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ge2 import runtime
-from ge2.backend import native
-from ge2.kernels import launch
+from ge2.kernels import launch, native
 
 ENABLED: bool = os.environ.get("GE2_CALL_PLANS", "1") not in ("", "0")
 MAX_PLANS = 16384  # call keys of all ops; a full table is cleared (shapes beyond that are a workload's churn)
@@ -217,7 +216,7 @@ def _compile(plan: CallPlan) -> tuple[str, Callable[[tuple], Any]]:
         else:
             lines.append(f"    t{k} = _empty({const(tuple(shape))}, {const(tuple(stride))}, dtype={const(dtype)}, "
                          f"device={const(device)})")
-    direct = not interpreted and any(kernel is not None and lp.direct is not None
+    direct = not interpreted and any(kernel is not None and (lp.direct or lp.packed) is not None
                                      for kernel, lp, _, _ in plan.launches)
     if not interpreted:
         used = sorted({src for kernel, _, _, slots in plan.launches if kernel is not None for _, src, _, _ in slots})
@@ -245,12 +244,11 @@ def _compile(plan: CallPlan) -> tuple[str, Callable[[tuple], Any]]:
             else:
                 args[at] = f"_Descriptor(_Address(p{src} + {delta}), *{const(tuple(meta))})"
         k, p = const(kernel), const(lp)
-        native_launch = None
-        if not interpreted and lp.direct is not None:
-            native_launch = native.packed_launch(lp.kernel, lp.direct[1], template, [at for at, _, _, _ in slots])
-        if native_launch is not None:  # ge2's launcher, the addresses in argument order; else (or on False) the plan's
-            entry, packed = native_launch
-            addresses = ", ".join(args[at] for at in sorted(at for at, _, _, _ in slots))
+        if lp.packed is not None and not interpreted:
+            # ge2's launcher (the launch plan's packed parameters: the same values, the key saw to
+            # it), the addresses in argument order; if it cannot (no hooks, no CUDA context), the plan
+            entry, packed, positions = lp.packed
+            addresses = ", ".join(args[at] for at in positions)
             lines.append(f"    if not (fast and {const(entry)}({const(packed)}, stream, {addresses})):")
             lines.append(f"        _replay({k}, {p}, [{', '.join(args)}])")
         elif lp.direct is not None and not interpreted:

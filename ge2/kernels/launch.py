@@ -32,6 +32,7 @@ from triton import knobs
 from triton.runtime.autotuner import Autotuner, Heuristics
 
 from ge2 import runtime
+from ge2.kernels import native
 
 ENABLED: bool = os.environ.get("GE2_LAUNCH_PLANS", "1") not in ("", "0")
 MAX_PLANS = 4096  # per kernel; a full table is cleared (shapes beyond that are a workload's churn)
@@ -39,12 +40,14 @@ STATS = {"hits": 0, "plans": 0}
 
 
 class _Plan:
-    __slots__ = ("kernel", "grid", "values", "slots", "options", "direct")
+    __slots__ = ("kernel", "grid", "values", "slots", "options", "direct", "packed")
 
-    def __init__(self, kernel, grid, values, slots, options, direct=None):
+    def __init__(self, kernel, grid, values, slots, options, direct=None, packed=None):
         self.kernel, self.grid, self.values, self.slots, self.options = kernel, grid, values, slots, options
         # GPU: the compiled launcher's C entry and its fixed leading arguments (see _PlannedJIT._replay)
         self.direct = direct
+        # GPU: (ge2's launch function, packed launch, positions of the tensor arguments) (native.packed_launch)
+        self.packed = packed
 
 
 _PLAIN = frozenset((int, bool, str, tuple, type(None)))
@@ -137,9 +140,22 @@ class _PlannedJIT(_PlannedLaunch):
         binder = self.device_caches[driver.active.get_current_device()][4]
         bound, _, _ = binder(*args, **kwargs)
         names, values = list(bound), list(bound.values())
-        return _Plan(kernel, grid, values, self._slots(names, values, kwargs), None, _direct(kernel, grid))
+        slots = self._slots(names, values, kwargs)
+        positions = [at for at, _ in slots]
+        packed = native.packed_launch(kernel, grid, values, positions)
+        return _Plan(kernel, grid, values, slots, None, _direct(kernel, grid),
+                     None if packed is None else (*packed, positions))
 
     def _replay(self, plan: _Plan, values: list):
+        packed = plan.packed
+        if packed is not None and _no_hooks():
+            entry, launch, positions = packed
+            # addresses of the tensors (or the addresses a call plan passes); a tensor off the GPU is
+            # left to Triton's launcher, which rejects it with a clear error
+            addresses = [v if type(v) is int else v.data_ptr() if v.is_cuda else None
+                         for v in map(values.__getitem__, positions)]
+            if None not in addresses and entry(launch, _stream(_device()), *addresses):
+                return plan.kernel
         direct = plan.direct
         if direct is not None and _no_hooks():
             # Triton's C launcher itself, as CompiledKernel.run would call it with no scratch and no hooks

@@ -6,7 +6,7 @@
 //   with only the device addresses that change between calls passed in. Triton's own launcher
 //   parses every kernel argument (constexprs included) from a Python tuple on every call.
 //
-// Built at first use with Triton's module builder (ge2/backend/native.py), against Triton's CUDA
+// Built at first use with Triton's module builder (ge2/kernels/native.py), against Triton's CUDA
 // headers, like Triton's launchers; libcuda is opened at the first Launch, so the key works without a GPU.
 #include "cuda.h"
 #include <dlfcn.h>
