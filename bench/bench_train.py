@@ -16,7 +16,9 @@ default with TF32 off for cuBLAS and cuDNN. ``--ieee`` runs ge2's CUDA-core fp32
 stream, as in torch's documentation); torch.compile of the forward+loss (backward and optimizer
 eager; compiling takes ~a minute per shape, so only the target shapes unless ``--compile-all``);
 ge2 eager; ge2.capture. Medians of ``triton.testing.do_bench``: for host-bound steps the events
-measure the host's launch time, which is the point.
+measure the host's launch time, which is the point. The variants of a row take turns over five
+rounds and report the median round: the device host's speed drifts by tens of percent within a
+minute, and a drift then reaches every variant alike.
 """
 from __future__ import annotations
 
@@ -179,7 +181,8 @@ def main() -> None:
     ge2.set_matmul_precision(precision)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
     torch.backends.cudnn.benchmark = True
-    bench = Bench("train_step" + ("" if precision == "tf32x3" else "_" + precision), warmup_ms=100, rep_ms=500)
+    bench = Bench("train_step" + ("" if precision == "tf32x3" else "_" + precision), warmup_ms=50, rep_ms=100,
+                  rounds=5)
     print(PREDICTION)
     for model_name, batch in cases:
         ref, mine, shape = (mlp_pair if model_name == "mlp" else cnn_pair)()

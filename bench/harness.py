@@ -102,27 +102,38 @@ def environment() -> dict[str, str]:
 class Bench:
     """Rows of side-by-side timings, printed as a table and written to bench/results/<name>.json."""
 
-    def __init__(self, name: str, *, warmup_ms: int = 25, rep_ms: int = 100, cuda_graph: bool = False):
+    def __init__(self, name: str, *, warmup_ms: int = 25, rep_ms: int = 100, cuda_graph: bool = False,
+                 rounds: int = 1):
+        """``rounds`` > 1: the functions of a row take turns, each timed ``rounds`` times (``rep_ms`` each),
+        and report the median: host-bound timings then meet the host's speed drift alike."""
         self.name, self.warmup_ms, self.rep_ms, self.cuda_graph = name, warmup_ms, rep_ms, cuda_graph
+        self.rounds = rounds
         self.rows: list[dict[str, Any]] = []
         self.extra: dict[str, Any] = {"timing": "cuda graph replay" if cuda_graph else "eager launches"}
+        if rounds > 1:
+            self.extra["rounds"] = f"{rounds} alternating rounds per row, median"
 
     def add(self, labels: dict[str, Any], *, flops: float | None = None, **fns: Callable[[], Any] | None) -> dict:
         """Time each function in ``fns`` (ms); None entries are recorded as missing. Returns the row."""
         row: dict[str, Any] = dict(labels)
-        times = {}
-        for key, fn in fns.items():
-            try:
-                times[key] = time_ms(fn, self.warmup_ms, self.rep_ms, self.cuda_graph) if fn is not None else None
-            except Exception as e:  # a baseline that does not apply (e.g. no fused cuBLASLt op) is recorded, not fatal
-                times[key] = None
-                row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:200]
-                if self.cuda_graph:  # not capturable: time it launched eagerly, and say so
-                    try:
-                        times[key] = time_ms(fn, self.warmup_ms, self.rep_ms)
-                        row[f"{key}_error"] += " (timed eagerly instead)"
-                    except Exception:
-                        pass
+        samples: dict[str, list[float] | None] = {key: [] for key in fns}
+        for _ in range(self.rounds):
+            for key, fn in fns.items():
+                if fn is None or samples[key] is None:
+                    samples[key] = None
+                    continue
+                try:
+                    samples[key].append(time_ms(fn, self.warmup_ms, self.rep_ms, self.cuda_graph))
+                except Exception as e:  # a baseline that does not apply (e.g. no fused cuBLASLt op) is recorded, not fatal
+                    samples[key] = None
+                    row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:200]
+                    if self.cuda_graph:  # not capturable: time it launched eagerly, and say so
+                        try:
+                            samples[key] = [time_ms(fn, self.warmup_ms, self.rep_ms)]
+                            row[f"{key}_error"] += " (timed eagerly instead)"
+                        except Exception:
+                            pass
+        times = {key: sorted(v)[len(v) // 2] if v else None for key, v in samples.items()}
         for key, ms in times.items():
             row[f"{key}_ms"] = ms
             if flops and ms:
