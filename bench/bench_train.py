@@ -36,8 +36,8 @@ import ge2.nn as gnn  # noqa: E402
 import ge2.nn.functional as gF  # noqa: E402
 from bench.harness import Bench  # noqa: E402
 
-PREDICTION = ("eager steps are host-bound: a replayed ge2 op costs ~11 us of host time (call plan + Triton's C "
-              "launcher) vs torch's ~7-10, but ge2 runs fewer ops per step (fused bias/act epilogues, fused CE); "
+PREDICTION = ("eager steps are host-bound: a replayed ge2 op costs ~10 us of host time (call plan: C key, "
+              "allocation, ge2_native launch) vs torch's ~8-10, but ge2 runs fewer ops per step (fused bias/act epilogues, fused CE); "
               "captured MLP b512: tf32x3 GEMMs measured ~23-37 us each (~165 us for the step's 7 large ones) + ~40 us "
               "of fused CE / bias-grad / SGD kernels = ~0.21 ms vs torch graph 0.32 ms (cuBLAS SGEMM ~30-40 us "
               "each); b4096: ~0.8 ms vs 1.09 ms; CNN b64 is decided by the conv kernels (issue 5)")
