@@ -286,11 +286,17 @@ def cross_entropy_two_pass_kernel(
         if COMPUTE_GRAD:
             g_base = row_offsets(row, inner, sg_o, sg_i)
             inv_sum = 1.0 / row_sum
+            c_nxt = (n_tiles - 1) * BLOCK_C + c0
+            x_nxt = tl.load(x_ptr + x_base + c_nxt * sx_c, mask=(c_nxt < C) & use, other=float("-inf"),
+                            eviction_policy="evict_first")
             for i in range(0, n_tiles):
-                c = (n_tiles - 1 - i) * BLOCK_C + c0
+                c = c_nxt
                 ok = c < C
-                x = tl.load(x_ptr + x_base + c * sx_c, mask=ok & use, other=float("-inf"),
-                            eviction_policy="evict_first").to(tl.float32)
+                x = x_nxt.to(tl.float32)
+                # the next (lower) tile's L2 read is in flight while this one is computed and stored
+                c_nxt = c - BLOCK_C
+                x_nxt = tl.load(x_ptr + x_base + c_nxt * sx_c, mask=(c_nxt >= 0) & (c_nxt < C) & use,
+                                other=float("-inf"), eviction_policy="evict_first")
                 w_c = tl.where(ok, 1.0, 0.0)
                 if SMOOTH:
                     if HAS_WEIGHT:
