@@ -359,7 +359,9 @@ def cross_entropy_split_kernel(
     if PHASE != 2:
         x = _load_slice(x_ptr, x_base, c, sx_c, ok, use)
         m = tl.max(x, 0)
-        s = tl.sum(tl.exp(x - tl.where(m == float("-inf"), 0.0, m)), 0)
+        # kept for dx (PHASE 0): p = e exp(m - row max) / row sum, one exponential per element
+        e = tl.exp(x - tl.where(m == float("-inf"), 0.0, m))
+        s = tl.sum(e, 0)
         wx = 0.0
         if SMOOTH:
             wx = tl.sum(tl.where(ok, w_c * x, 0.0), 0)
@@ -398,12 +400,13 @@ def cross_entropy_split_kernel(
             loss = _ce_loss(lse, x_t_row, wx_row, w_t, w_sum, valid, bad, label_smoothing, C, SMOOTH)
             tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
         if COMPUTE_GRAD:
-            if PHASE == 2:
-                x = _load_slice(x_ptr, x_base, c, sx_c, ok, use)
             inv_d = 1.0
             if MEAN:
                 inv_d = 1.0 / tl.load(stats_ptr)
-            p = tl.exp(x - row_max) * (1.0 / row_sum)
+            if PHASE == 2:
+                p = tl.exp(_load_slice(x_ptr, x_base, c, sx_c, ok, use) - row_max) * (1.0 / row_sum)
+            else:  # a slice of only -inf has e = 0: its scale must not be exp(0 - row max) (inf for a low max)
+                p = e * tl.where(m == float("-inf"), 0.0, tl.exp(m - row_max) / row_sum)
             g = _ce_grad(p, c, t, valid, bad, w_t, w_c, w_sum, inv_d, label_smoothing, C, SMOOTH)
             tl.store(g_ptr + row_offsets(row, inner, sg_o, sg_i) + c * sg_c, g.to(g_ptr.dtype.element_ty), mask=ok)
 
@@ -428,12 +431,14 @@ def _ce_loss(lse, x_t, wx, w_t, w_sum, valid, bad, label_smoothing, C, SMOOTH: t
 @triton.jit
 def _ce_grad(p, c, t, valid, bad, w_t, w_c, w_sum, inv_d, label_smoothing, C, SMOOTH: tl.constexpr):
     """dx for gy = 1 from the probabilities p of a row (slice): a (p - onehot(t)) + b (sum(w) p - w); 0 for ignored rows, NaN for bad ones."""
-    g = ((1.0 - label_smoothing) * w_t * inv_d) * (p - tl.where(c == t, 1.0, 0.0))
+    # Bad targets get NaN through the row's coefficient (a row scalar, not a select per element).
+    a = tl.where(bad, float("nan"), (1.0 - label_smoothing) * w_t * inv_d)
+    g = a * p
+    g = tl.where(c == t, g - a, g)
     if SMOOTH:
         g += ((label_smoothing / C) * inv_d) * (w_sum * p - w_c)
-    # Ignored rows get exactly 0 (not 0 * NaN for a row of NaN logits); bad targets get NaN.
-    g = tl.where(valid, g, 0.0)
-    return tl.where(bad, float("nan"), g)
+    # Ignored rows get exactly 0: their logits are never read, and their p (0 / 0) is not 0.
+    return tl.where(valid, g, 0.0)
 
 
 @triton.jit
