@@ -403,10 +403,11 @@ def cross_entropy_split_kernel(
             inv_d = 1.0
             if MEAN:
                 inv_d = 1.0 / tl.load(stats_ptr)
-            if PHASE == 2:
-                p = tl.exp(_load_slice(x_ptr, x_base, c, sx_c, ok, use) - row_max) * (1.0 / row_sum)
-            else:  # a slice of only -inf has e = 0: its scale must not be exp(0 - row max) (inf for a low max)
-                p = e * tl.where(m == float("-inf"), 0.0, tl.exp(m - row_max) / row_sum)
+            if PHASE == 2:  # the slice again, and its max from the partials: the same e as PHASE 0, bit for bit
+                m = tl.load(p_row + part * 4)
+                e = tl.exp(_load_slice(x_ptr, x_base, c, sx_c, ok, use) - tl.where(m == float("-inf"), 0.0, m))
+            # a slice of only -inf has e = 0: its scale must not be exp(0 - row max) (inf for a low max)
+            p = e * tl.where(m == float("-inf"), 0.0, tl.exp(m - row_max) / row_sum)
             g = _ce_grad(p, c, t, valid, bad, w_t, w_c, w_sum, inv_d, label_smoothing, C, SMOOTH)
             tl.store(g_ptr + row_offsets(row, inner, sg_o, sg_i) + c * sg_c, g.to(g_ptr.dtype.element_ty), mask=ok)
 
