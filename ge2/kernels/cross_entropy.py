@@ -45,7 +45,7 @@ MAX_FUSED_C = {4: 32768, 2: 32768, 1: 32768}
 # sweep at 4096 x 128256 on the H100 (ce_split_sweep rows of bench/results/softmax_ce.json; fp32
 # (4096, 8) 1.526 ms, (2048, 4) 1.534; bf16 (4096, 8) 1.128 ms, (8192, 8) 1.132, (2048, 4) 1.193;
 # 16384-wide slices 1.4-1.5x slower: fewer programs per SM to overlap one slice's wait with another's load).
-SPLIT_CONFIG = {4: (4096, 8), 2: (4096, 8), 1: (4096, 8)}
+SPLIT_CONFIG = {4: (4096, 4), 2: (8192, 4), 1: (8192, 4)}
 # Rows of more than this many slices run as two launches (partials, then dx re-reading the row):
 # a cooperative launch needs a row's SPLIT programs co-resident, kept far below the GPU's capacity.
 MAX_COOPERATIVE_SPLIT = 64
@@ -59,9 +59,10 @@ ROW_CONFIG = {4: None, 2: 32, 1: 32}
 # or None for the split kernel. The fastest of bench/bench_softmax_ce.py's sweep at 4096 x 128256 on the H100
 # (ce_split_sweep rows): bf16 two-pass (16384, 32) 0.96 ms, (16384, 16) 1.02, vs split (4096, 8) 1.13;
 # fp32 rows (512 KB) of one program per SM overflow the L2 (1.80 ms two-pass vs 1.53 split).
-TWO_PASS_CONFIG = {4: None, 2: (16384, 32), 1: (16384, 32)}
+TWO_PASS_CONFIG = {4: None, 2: None, 1: None}
 ROW_PERSISTENT_MIN_C = 16384
 SYNC_STRIDE: tl.constexpr = tl.constexpr(32)
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e), for _exp_from
 TILE_ELEMENTS = 2048
 STATS_BLOCK = 1024
 
@@ -286,17 +287,11 @@ def cross_entropy_two_pass_kernel(
         if COMPUTE_GRAD:
             g_base = row_offsets(row, inner, sg_o, sg_i)
             inv_sum = 1.0 / row_sum
-            c_nxt = (n_tiles - 1) * BLOCK_C + c0
-            x_nxt = tl.load(x_ptr + x_base + c_nxt * sx_c, mask=(c_nxt < C) & use, other=float("-inf"),
-                            eviction_policy="evict_first")
             for i in range(0, n_tiles):
-                c = c_nxt
+                c = (n_tiles - 1 - i) * BLOCK_C + c0
                 ok = c < C
-                x = x_nxt.to(tl.float32)
-                # the next (lower) tile's L2 read is in flight while this one is computed and stored
-                c_nxt = c - BLOCK_C
-                x_nxt = tl.load(x_ptr + x_base + c_nxt * sx_c, mask=(c_nxt >= 0) & (c_nxt < C) & use,
-                                other=float("-inf"), eviction_policy="evict_first")
+                x = tl.load(x_ptr + x_base + c * sx_c, mask=ok & use, other=float("-inf"),
+                            eviction_policy="evict_first").to(tl.float32)
                 w_c = tl.where(ok, 1.0, 0.0)
                 if SMOOTH:
                     if HAS_WEIGHT:
@@ -360,7 +355,7 @@ def cross_entropy_split_kernel(
         x = _load_slice(x_ptr, x_base, c, sx_c, ok, use)
         m = tl.max(x, 0)
         # kept for dx (PHASE 0): p = e exp(m - row max) / row sum, one exponential per element
-        e = tl.exp(x - tl.where(m == float("-inf"), 0.0, m))
+        e = _exp_from(x, m, x_ptr.dtype.element_ty != tl.float32)
         s = tl.sum(e, 0)
         wx = 0.0
         if SMOOTH:
@@ -403,13 +398,48 @@ def cross_entropy_split_kernel(
             inv_d = 1.0
             if MEAN:
                 inv_d = 1.0 / tl.load(stats_ptr)
-            if PHASE == 2:  # the slice again, and its max from the partials: the same e as PHASE 0, bit for bit
+            fma = x_ptr.dtype.element_ty != tl.float32
+            if PHASE == 2:  # the slice again, its max and x[t] from the partials: PHASE 0's values, bit for bit
                 m = tl.load(p_row + part * 4)
-                e = tl.exp(_load_slice(x_ptr, x_base, c, sx_c, ok, use) - tl.where(m == float("-inf"), 0.0, m))
-            # a slice of only -inf has e = 0: its scale must not be exp(0 - row max) (inf for a low max)
-            p = e * tl.where(m == float("-inf"), 0.0, tl.exp(m - row_max) / row_sum)
-            g = _ce_grad(p, c, t, valid, bad, w_t, w_c, w_sum, inv_d, label_smoothing, C, SMOOTH)
-            tl.store(g_ptr + row_offsets(row, inner, sg_o, sg_i) + c * sg_c, g.to(g_ptr.dtype.element_ty), mask=ok)
+                x_t = tl.load(p_row + part * 4 + 3)
+                e = _exp_from(_load_slice(x_ptr, x_base, c, sx_c, ok, use), m, fma)
+            # dx = a p - a onehot(t) + b (sum(w) p - w) with p = e scale: one multiply (smoothing: and a
+            # multiply-add) per element; the target's -a is one element, stored after the slice. The
+            # row's state rides on the scalars: w[t] = 0 makes a = 0 for an ignored row (whose e is 0),
+            # a bad target makes a NaN. A slice of only -inf has e = 0 and needs scale 0, not
+            # exp(0 - row max) (inf for a low max).
+            scale = tl.where(m == float("-inf"), 0.0, tl.exp(m - row_max) / row_sum)
+            a = tl.where(bad, float("nan"), (1.0 - label_smoothing) * w_t * inv_d)
+            b = 0.0
+            if SMOOTH:
+                b = tl.where(valid, (label_smoothing / C) * inv_d, 0.0)
+            k = scale * (a + b * w_sum)
+            g = e * k
+            if SMOOTH:
+                g -= b * w_c
+            g_base = row_offsets(row, inner, sg_o, sg_i)
+            tl.store(g_ptr + g_base + c * sg_c, g.to(g_ptr.dtype.element_ty), mask=ok)
+            has_t = use & (t >= lo) & (t < lo + BLOCK_C)
+            if has_t:
+                tl.debug_barrier()  # the slice's store of dx[t] comes first (the barrier orders the two writes)
+                g_t = _exp_from(x_t, m, fma) * k - a
+                if SMOOTH:
+                    w_tc = 1.0
+                    if HAS_WEIGHT:
+                        w_tc = tl.load(w_ptr + t).to(tl.float32)
+                    g_t -= b * w_tc
+                tl.store(g_ptr + g_base + t * sg_c, g_t.to(g_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _exp_from(x, m, FMA: tl.constexpr):
+    """exp(x - m) with m = -inf read as 0 (an all -inf slice gives 0, not NaN). FMA: as exp2(x log2(e) -
+    m log2(e)), one FMA before the ex2 instead of a subtract and a multiply, at ~1e-7 |x| relative
+    error (rounding x log2(e)): for 16-bit inputs, whose dx is rounded to 2^-8 anyway."""
+    m = tl.where(m == float("-inf"), 0.0, m)
+    if FMA:
+        return tl.math.exp2(x * LOG2E - m * LOG2E)
+    return tl.exp(x - m)
 
 
 @triton.jit
@@ -432,14 +462,12 @@ def _ce_loss(lse, x_t, wx, w_t, w_sum, valid, bad, label_smoothing, C, SMOOTH: t
 @triton.jit
 def _ce_grad(p, c, t, valid, bad, w_t, w_c, w_sum, inv_d, label_smoothing, C, SMOOTH: tl.constexpr):
     """dx for gy = 1 from the probabilities p of a row (slice): a (p - onehot(t)) + b (sum(w) p - w); 0 for ignored rows, NaN for bad ones."""
-    # Bad targets get NaN through the row's coefficient (a row scalar, not a select per element).
-    a = tl.where(bad, float("nan"), (1.0 - label_smoothing) * w_t * inv_d)
-    g = a * p
-    g = tl.where(c == t, g - a, g)
+    g = ((1.0 - label_smoothing) * w_t * inv_d) * (p - tl.where(c == t, 1.0, 0.0))
     if SMOOTH:
         g += ((label_smoothing / C) * inv_d) * (w_sum * p - w_c)
-    # Ignored rows get exactly 0: their logits are never read, and their p (0 / 0) is not 0.
-    return tl.where(valid, g, 0.0)
+    # Ignored rows get exactly 0 (not 0 * NaN for a row of NaN logits); bad targets get NaN.
+    g = tl.where(valid, g, 0.0)
+    return tl.where(bad, float("nan"), g)
 
 
 @triton.jit
