@@ -65,6 +65,7 @@ SYNC_STRIDE: tl.constexpr = tl.constexpr(32)
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e), for _exp_from
 TILE_ELEMENTS = 2048
 STATS_BLOCK = 1024
+TARGET_STATS_BLOCK = 4096  # targets per step of target_stats_kernel's loop (one program)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -559,8 +560,11 @@ def target_stats(op: str, target: torch.Tensor, n_classes: int, *, weight: torch
         check_pending_targets(wait=False)
     stats = torch.empty(3, dtype=torch.float32, device=target.device)
     t, st_o, st_i = _target_rows(target)
+    # a batch's targets in one step where they fit: the one program's loop is a chain of dependent loads
+    block = min(max(triton.next_power_of_2(target.numel()), 128), TARGET_STATS_BLOCK)
     target_stats_kernel[(1,)](t, weight if weight is not None else stats, stats, target.numel(), inner,
-                              st_o, st_i, n_classes, ignore_index, HAS_WEIGHT=weight is not None, BLOCK=STATS_BLOCK)
+                              st_o, st_i, n_classes, ignore_index, HAS_WEIGHT=weight is not None, BLOCK=block,
+                              num_warps=8 if block >= 2048 else 4)
     return stats
 
 
