@@ -158,13 +158,15 @@ def test_looping_row_paths_in_place_spatial_and_forward_only(path):
 
 
 @pytest.mark.skipif(not LARGE, reason="rows of 128256 classes")
+@pytest.mark.parametrize("path", [{}, dict(two_pass_config=(16384, 32))], ids=["default", "two-pass"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_two_pass_long_rows(dtype):
-    # The default path for 16-bit rows of 128256 classes: more rows than programs, every 5th ignored.
+def test_16_bit_long_rows(dtype, path):
+    # 16-bit rows of 128256 classes, the default (split) and the two-pass kernel: more rows than
+    # programs, every 5th ignored.
     x = randn(300, 128256, dtype=dtype, seed=67) * 3
     t = _targets((300,), 128256, seed=68, ignore_every=5)
-    _check(x, t, label_smoothing=0.1)
-    _check(x, t, reduction="sum")
+    _check(x, t, label_smoothing=0.1, **path)
+    _check(x, t, reduction="sum", **path)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the cooperative split runs on the GPU only")

@@ -42,10 +42,11 @@ from ge2.runtime import autotune, cdiv
 # Longest class row one program holds in registers, by element size; longer rows take the split path.
 MAX_FUSED_C = {4: 32768, 2: 32768, 1: 32768}
 # The split path's (BLOCK_C, num_warps) by element size: the fastest of bench/bench_softmax_ce.py's
-# sweep at 4096 x 128256 on the H100 (ce_split_sweep rows of bench/results/softmax_ce.json; fp32
-# (4096, 8) 1.526 ms, (2048, 4) 1.534; bf16 (4096, 8) 1.128 ms, (8192, 8) 1.132, (2048, 4) 1.193;
-# 16384-wide slices 1.4-1.5x slower: fewer programs per SM to overlap one slice's wait with another's load).
-SPLIT_CONFIG = {4: (4096, 4), 2: (8192, 4), 1: (8192, 4)}
+# sweep at 4096 x 128256 on the H100 (ce_split_sweep rows of bench/results/softmax_ce.json, commit
+# 4050d31): fp32 (8192, 4) 1.41 ms, (4096, 2) 1.41, (4096, 4) 1.42, (4096, 8) 1.50; bf16 (8192, 4)
+# 0.790, (4096, 2) 0.803, (4096, 4) 0.821, (4096, 8) 1.11. Four warps with many elements per thread
+# beat eight: a program's cross-warp reductions and sync poll cost less, and more programs fit per SM.
+SPLIT_CONFIG = {4: (8192, 4), 2: (8192, 4), 1: (8192, 4)}
 # Rows of more than this many slices run as two launches (partials, then dx re-reading the row):
 # a cooperative launch needs a row's SPLIT programs co-resident, kept far below the GPU's capacity.
 MAX_COOPERATIVE_SPLIT = 64
@@ -56,9 +57,9 @@ MAX_COOPERATIVE_SPLIT = 64
 # program 0.725 ms vs 1.04-1.24 persistent (two fp32 rows of 32K do not fit in the registers: spills).
 ROW_CONFIG = {4: None, 2: 32, 1: 32}
 # Rows longer than MAX_FUSED_C, by element size: (BLOCK_C, num_warps) of cross_entropy_two_pass_kernel,
-# or None for the split kernel. The fastest of bench/bench_softmax_ce.py's sweep at 4096 x 128256 on the H100
-# (ce_split_sweep rows): bf16 two-pass (16384, 32) 0.96 ms, (16384, 16) 1.02, vs split (4096, 8) 1.13;
-# fp32 rows (512 KB) of one program per SM overflow the L2 (1.80 ms two-pass vs 1.53 split).
+# or None for the split kernel. The same sweep: bf16 two-pass (16384, 32) 0.96 ms vs split (8192, 4)
+# 0.790 (the two-pass kernel was the faster, 0.96 vs 1.13, before the split kernel's one-exponential
+# dx); fp32 rows (512 KB) of one program per SM overflow the L2 (1.80 ms two-pass).
 TWO_PASS_CONFIG = {4: None, 2: None, 1: None}
 ROW_PERSISTENT_MIN_C = 16384
 SYNC_STRIDE: tl.constexpr = tl.constexpr(32)
@@ -322,8 +323,9 @@ def cross_entropy_split_kernel(
     """Long rows split over SPLIT programs of BLOCK_C classes: partial (max, sum exp) per slice, combined per row.
 
     PHASE 0 (GPU, one launch, cooperative): each program reduces its slice, publishes the partial,
-    waits for the row's other SPLIT - 1 programs, combines, then writes dx from the slice still in
-    registers: the logits are read once. PHASE 1 then PHASE 2 (two launches; the interpreter, which
+    waits for the row's other SPLIT - 1 programs, combines, then writes dx from the slice's
+    exponentials still in registers: the logits are read once, and each element costs one
+    exponential and one multiply of dx (see the dx comment). PHASE 1 then PHASE 2 (two launches; the interpreter, which
     runs programs one after another, and splits too wide to be co-resident): partials, then the
     combine and dx, re-reading the slice. Partials: part_ptr [n_rows, SPLIT, 4] = (max, sum exp(x -
     max), sum w x, x[t] if t is in the slice else 0). sync_ptr: n_rows arrival counters and a ticket
