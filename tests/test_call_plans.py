@@ -300,3 +300,21 @@ def test_the_compiled_key_is_the_python_key():
             got = c_key(op, precision, inputs, attrs)
             assert got == expected and [type(v) for v in got or ()] == [type(v) for v in expected or ()], (op, inputs, attrs)
     assert c_key("add", "ieee", (x, y), {}) != c_key("add", "ieee", (x, x), {})
+
+
+def test_an_op_recorded_while_its_inner_ops_replay():
+    """linear_cross_entropy calls gemm through the registry: from the third call on, those inner calls
+    replay their own plans (on the GPU with raw addresses) while the outer call is being recorded."""
+    N, H, V = 6, 8, 37
+    for step in range(5):
+        x, w, b = randn(N, H), randn(V, H), randn(V)
+        t = torch.randint(0, V, (N,), generator=torch.Generator().manual_seed(step)).to(DEVICE)
+        gx, gw, gb = (ge2.from_torch(v, requires_grad=True) for v in (x, w, b))
+        loss = F.linear_cross_entropy(gx, gw, gb, ge2.from_torch(t))
+        loss.backward()
+        tx, tw, tb = (v.clone().requires_grad_() for v in (x, w, b))
+        ref = torch.nn.functional.cross_entropy(tx @ tw.T + tb, t)
+        ref.backward()
+        torch.testing.assert_close(loss.data, ref.detach(), rtol=1e-5, atol=1e-5)
+        for mine, theirs in ((gx, tx), (gw, tw), (gb, tb)):
+            torch.testing.assert_close(mine.grad.data, theirs.grad, rtol=1e-4, atol=1e-5)

@@ -421,6 +421,9 @@ def _plan(recorder: launch.Recorder, inputs: tuple, out: Any, allocated: list) -
                 if isinstance(v, _Tensor):
                     src, delta = source(v.data_ptr())
                     slots.append((at, src, delta, (v.shape, v.stride(), v.dtype) if interpreted else None))
+                elif type(v) is int:  # an address: an inner op's call plan replayed inside this op (GPU)
+                    src, delta = source(v)
+                    slots.append((at, src, delta, None))
                 else:  # a TMA descriptor
                     src, delta = source(v.base.data_ptr())
                     slots.append((at, src, delta, (list(v.shape), list(v.strides), list(v.block_shape),
