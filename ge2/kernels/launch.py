@@ -15,9 +15,10 @@ is always the same kernel with the same scalar arguments); and the same for keyw
 
 Under the Triton interpreter the plan replays the recorded argument list through the interpreter,
 so the CPU test suite checks that keys are complete and tensors land in the right slots. On the
-GPU the replay calls the compiled kernel's C launcher directly (``_direct``; Triton's own
-``CompiledKernel.run`` when the kernel needs scratch memory or a launch hook is set), and the
-whole test suite runs through it there.
+GPU the replay launches through ge2's own launcher with the parameters packed at record time
+(``native.packed_launch``), else through the compiled kernel's C launcher directly (``_direct``),
+else through Triton's own ``CompiledKernel.run`` (scratch memory, a launch hook set); the whole
+test suite runs through them there.
 ``GE2_LAUNCH_PLANS=0`` turns plans off.
 """
 from __future__ import annotations
