@@ -128,7 +128,7 @@ class Function:
         record = True in needs and grad_mode.is_grad_enabled()
         ctx = Context(needs)
         out = cls.forward(ctx, *raw)
-        single = type(out) is torch.Tensor or isinstance(out, torch.Tensor)
+        single = isinstance(out, torch.Tensor)
         outs = (out,) if single else tuple(out)
         if record:
             node = Node(

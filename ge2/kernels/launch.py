@@ -177,7 +177,7 @@ def _direct(kernel, grid: tuple) -> tuple | None:
     """(C launch function, (grid x, y, z), (function, cooperative, pdl, no scratch x2, metadata, no hooks x3)),
     or None when the kernel needs what only Triton's Python launcher provides (scratch memory)."""
     launcher = kernel.run  # initialises the module and function handles
-    if launcher.global_scratch_size or launcher.profile_scratch_size or getattr(launcher, "num_ctas", 1) != 1:
+    if native.needs_triton_launcher(launcher):
         return None
     return (launcher.launch, tuple(grid),
             (kernel.function, launcher.launch_cooperative_grid, launcher.launch_pdl, None, None,

@@ -59,6 +59,12 @@ def call_key() -> Callable[[str, str, tuple, dict], tuple | None] | None:
     return built.call_key if built is not None else None
 
 
+def needs_triton_launcher(launcher) -> bool:
+    """Whether a compiled kernel's launcher must run as Triton's Python code: scratch memory (allocated
+    per launch) or clusters (num_ctas > 1), which neither direct launch path provides."""
+    return bool(launcher.global_scratch_size or launcher.profile_scratch_size or getattr(launcher, "num_ctas", 1) != 1)
+
+
 def packed_launch(kernel, grid: tuple, values: list, slots: list[int]) -> tuple[Callable, Any] | None:
     """(launch, packed) for one launch of ``kernel`` (a compiled Triton kernel) over ``grid`` with these
     argument values, the arguments at positions ``slots`` being device addresses passed per call in
@@ -72,7 +78,7 @@ def packed_launch(kernel, grid: tuple, values: list, slots: list[int]) -> tuple[
     if not triton.__version__.startswith(LAUNCH_TRITON_VERSIONS) or (built := module()) is None:
         return None
     launcher = kernel.run  # initialises the function handle
-    if launcher.global_scratch_size or launcher.profile_scratch_size or getattr(launcher, "num_ctas", 1) != 1:
+    if needs_triton_launcher(launcher):
         return None
     signature = list(getattr(kernel.src, "signature", {}).values())
     if len(signature) != len(values):
