@@ -138,6 +138,12 @@ def get_matmul_precision() -> str:
 # ---------------------------------------------------------------------------------------------
 # autotune
 # ---------------------------------------------------------------------------------------------
+def tuning_bench(kernel_call, quantiles):
+    """Autotune timing for kernels of tens of microseconds: 25 ms of repeats per candidate suffice
+    (Triton's default of 100 ms made first calls take seconds). Pass as ``autotune(do_bench=...)``."""
+    return triton.testing.do_bench(kernel_call, warmup=5, rep=25, quantiles=quantiles)
+
+
 def autotune(configs: list[triton.Config], key: list[str], default: int | triton.Config = 0, **kwargs):
     """Decorator: autotune over ``configs`` on a GPU, persisted per GPU model (``ge2.tuning``);
     one pinned config under the interpreter.

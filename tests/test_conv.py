@@ -261,6 +261,73 @@ def test_conv2d_resnet_shapes(case, layout, dtype):
 
 
 # ---------------------------------------------------------------------------------------------
+# Stride-1 convs with >= 16 channels on both sides and one group: framed TMA GEMMs (conv_framed)
+# ---------------------------------------------------------------------------------------------
+FRAMED_CASES = [
+    (2, 16, 5, 6, 16, (3, 3), 1, 1, 1, 1),
+    (1, 20, 6, 5, 17, (3, 2), 1, (2, 0), (2, 1), 1),  # pair padding, dilation; K, C past a tile
+    (2, 18, 4, 7, 24, (2, 2), 1, "same", 1, 1),        # even kernel: asymmetric padding
+    (1, 16, 1, 9, 16, (3, 3), 1, 1, 1, 1),             # a one-row image
+    (2, 16, 3, 4, 16, (3, 3), 1, 3, 1, 1),             # padding past the kernel's reach: dX's is negative
+]
+
+
+class _Counting:
+    """Stands in for a kernel and counts its launches."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("path", ["framed", "tap-major"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["nchw", "nhwc", "strided"])
+@pytest.mark.parametrize("case", FRAMED_CASES, ids=lambda c: "x".join(map(str, c[:5])))
+def test_conv2d_stride1_framed_and_tap_major(case, layout, dtype, path, monkeypatch):
+    # The framed path where TMA exists (Hopper, interpreter); the tap-major kernels elsewhere.
+    from ge2.kernels import conv_framed as FR
+
+    monkeypatch.setattr(FR, "ENABLED", path == "framed")
+    fwd = _Counting(FR.conv2d_framed_kernel)
+    dw = _Counting(FR.conv2d_framed_dw_kernel)
+    monkeypatch.setattr(FR, "conv2d_framed_kernel", fwd)
+    monkeypatch.setattr(FR, "conv2d_framed_dw_kernel", dw)
+    if DEVICE == "cuda" and FR._tma_sms(torch.device(DEVICE)) == 0 and path == "framed":
+        pytest.skip("no TMA on this GPU")
+    _check_conv(case, layout, dtype, act="relu", seed=31)
+    framed = path == "framed"
+    assert fwd.launches == (2 if framed else 0)  # forward and dX
+    assert dw.launches == (1 if framed and dtype != torch.float32 else 0)  # fp32 dW: the NCHW-planar kernel
+
+
+def test_conv2d_framed_weight_gradient_over_splits(monkeypatch):
+    # dW's frame rows split over programs; the fp32 partials are added in a fixed order.
+    from ge2.kernels import conv_framed as FR
+
+    monkeypatch.setattr(FR, "DW_TARGET_PROGRAMS", 64)
+    monkeypatch.setattr(FR, "DW_MIN_STEPS", 2)
+    case = (3, 16, 6, 7, 20, (3, 3), 1, 1, 1, 1)
+    assert FR.dw_splits(3 * 7 * 8 // 16, 9)[0] > 2  # 16-row steps over the 7x8 frames
+    _check_conv(case, "nhwc", torch.bfloat16, act="gelu", seed=33)
+    x, w = randn(3, 16, 6, 7, dtype=torch.bfloat16, seed=34), randn(20, 16, 3, 3, dtype=torch.bfloat16, seed=35)
+    gy = randn(3, 20, 6, 7, dtype=torch.bfloat16, seed=36)
+    runs = [call("conv2d_backward", gy, x, w, padding=1, has_bias=True)[1:] for _ in range(2)]
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
+def test_conv2d_frame_holds_the_padding_of_every_pass():
+    from ge2.kernels.conv_framed import frame_dims
+
+    assert frame_dims(14, 14, 14, 14, 3, 3, (1, 1), (1, 1)) == (15, 15)
+    assert frame_dims(5, 7, 5, 7, 2, 2, (0, 0), (1, 1)) == (6, 8)  # "same", even: bottom/right pad 1
+    assert frame_dims(3, 4, 7, 8, 3, 3, (3, 3), (1, 1)) == (7, 8)  # gZ larger than x: its frame rules
+
+
+# ---------------------------------------------------------------------------------------------
 # 1x1 convolutions (stride 1, no padding, one group) run as GEMMs (``gemm_1x1_layout``)
 # ---------------------------------------------------------------------------------------------
 # (N, C, H, W, K): C past one 32-deep K step of the interpreter's GEMM tile, K past one 32-wide

@@ -56,10 +56,9 @@ import triton
 import triton.language as tl
 
 from ge2 import runtime
-from ge2.kernels import activations
+from ge2.kernels import activations, conv_framed
 from ge2.kernels.activations import act_fwd, act_grad_from_y, act_grad_from_z
-from ge2.kernels.gemm import (_launch, _precision, _tile_coords, bias_act_backward, gemm, sum_partials_kernel,
-                              tile_config)
+from ge2.kernels.gemm import _launch, _precision, _tile_coords, bias_act_backward, gemm, sum_partials, tile_config
 
 
 class ConvGeometry(NamedTuple):
@@ -137,12 +136,6 @@ DW_DIRECT_ACC_REGS = 64
 INTERPRETER_CONFIG = tile_config(64, 32, 16, 4, 1, group_m=4)
 
 
-def tuning_bench(kernel_call, quantiles):
-    """Autotune timing for these kernels: tens of microseconds each, so 25 ms of repeats suffice
-    (Triton's default of 100 ms per candidate made first calls take seconds)."""
-    return triton.testing.do_bench(kernel_call, warmup=5, rep=25, quantiles=quantiles)
-
-
 def _next_pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
@@ -206,7 +199,7 @@ _DW_SIZES = ["N", "H", "W", "P", "Q"]
 
 
 @runtime.autotune(_ALL_GEMM_CONFIGS, key=_CONV_KEY + ["FLAT", "DIRECT"], default=INTERPRETER_CONFIG,
-                  prune_configs_by={"early_config_prune": _prune_fwd}, do_bench=tuning_bench)
+                  prune_configs_by={"early_config_prune": _prune_fwd}, do_bench=runtime.tuning_bench)
 @triton.jit(do_not_specialize=_SIZES)
 def conv2d_fwd_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, z_ptr,
@@ -313,7 +306,7 @@ def conv2d_fwd_kernel(
 
 
 @runtime.autotune(CONFIGS_TAP_16 + CONFIGS_TAP_32, key=_CONV_KEY, default=INTERPRETER_CONFIG,
-                  prune_configs_by={"early_config_prune": _prune_dx}, do_bench=tuning_bench)
+                  prune_configs_by={"early_config_prune": _prune_dx}, do_bench=runtime.tuning_bench)
 @triton.jit(do_not_specialize=_SIZES)
 def conv2d_dx_kernel(
     gz_ptr, w_ptr, dx_ptr,
@@ -393,7 +386,7 @@ def _dw_gz_tile(gy_ptr, saved_ptr, offs_k, k_ok, n, p, q, q_ok, sgn, sgk, sgp, s
 @runtime.autotune(CONFIGS_DW_16 + CONFIGS_DW_32 + CONFIGS_DW_DIRECT,
                   key=_CONV_KEY + ["SPLIT_LEN", "PER_TAP", "ACT", "HAS_DB", "QB", "DIRECT"],
                   default=INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_dw},
-                  do_bench=tuning_bench)
+                  do_bench=runtime.tuning_bench)
 @triton.jit(do_not_specialize=_SIZES + ["SPLIT_LEN", "ROW"])
 def conv2d_dw_kernel(
     gy_ptr, saved_ptr, x_ptr, out_ptr,
@@ -636,7 +629,7 @@ def _prune_depthwise(configs, named_args, **kwargs):
 
 @runtime.autotune(DEPTHWISE_CONFIGS, key=["N", "C", "H", "W", "P", "Q", "R", "S", "sxc", "syk"],
                   default=DEPTHWISE_INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_depthwise},
-                  do_bench=tuning_bench)
+                  do_bench=runtime.tuning_bench)
 @triton.jit(do_not_specialize=_DW_SIZES)
 def conv2d_depthwise_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, z_ptr,
@@ -680,7 +673,7 @@ def conv2d_depthwise_kernel(
 
 @runtime.autotune(DEPTHWISE_CONFIGS, key=["N", "C", "H", "W", "P", "Q", "R", "S", "sxc", "ROWS"],
                   default=DEPTHWISE_INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_depthwise},
-                  do_bench=tuning_bench)
+                  do_bench=runtime.tuning_bench)
 @triton.jit(do_not_specialize=_DW_SIZES + ["ROWS"])
 def conv2d_depthwise_dw_kernel(
     gz_ptr, x_ptr, out_ptr,
@@ -971,7 +964,7 @@ def _conv1x1_backward(gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, s
             _launch(_gemm_view(gz, K, HW, gz.stride(1), gz.stride(2), N, gz.stride(0)),
                     _gemm_view(x2, HW, C, x2.stride(2), x2.stride(1), N, x2.stride(0)), part)
             if N > 1:
-                _sum_splits(part.view(N, K * C), dw2.view(-1))
+                sum_partials(part.view(N, K * C), dw2.view(-1))
         else:
             dw, _ = _dw(gz.view(N, K, H, W) if copy_gz else gy, None, x, weight, geo)
     return dx, dw, dbias
@@ -996,6 +989,9 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geo
         w = weight[:, 0]  # [K, R, S]
         _launch_depthwise(x, _WeightView(w, w.stride(0), 0, w.stride(1), w.stride(2), 0, 0), bias, y, z, R, S, geo,
                           code, act_alpha)
+        return y, z
+    if conv_framed.supports(x, weight, geo.stride, geo.groups):
+        conv_framed.forward(x, weight, bias, y, z, geo.pad, geo.dilation, code, act_alpha)
         return y, z
     if Cg >= TAP_MIN_CHANNELS:  # K-major operands for the tap-major loop
         x = _nhwc(x)
@@ -1035,17 +1031,6 @@ def _dw_splits(steps: int, tiles: int, row: int = 1, gz_numel: int = 0) -> tuple
     splits = max(1, min(runtime.cdiv(DW_TARGET_PROGRAMS, tiles), steps // DW_MIN_SPLIT, cap, DW_MAX_SPLITS))
     split_len = runtime.cdiv(steps, splits)
     return runtime.cdiv(steps, split_len), split_len
-
-
-def _sum_splits(partials: torch.Tensor, out: torch.Tensor) -> None:
-    """out[l] = sum over s of partials[s, l], in a fixed order; one [≤128, ≥32] block per program
-    (the GEMM module's default 32-row blocks left the few programs of a short row looping over
-    hundreds of partials, one memory latency each)."""
-    splits, length = partials.shape
-    block_p = min(DW_MAX_SPLITS, _next_pow2(splits))
-    block_l = max(32, 4096 // block_p)
-    sum_partials_kernel[(runtime.cdiv(length, block_l),)](partials, out, splits, length,
-                                                         BLOCK_P=block_p, BLOCK_L=block_l)
 
 
 def _pixels_by_channels(gy: torch.Tensor) -> torch.Tensor:
@@ -1125,7 +1110,7 @@ def _dw(gy: torch.Tensor, saved: torch.Tensor | None, x: torch.Tensor, weight: t
             gy, x, out, Nb, C, H, W, P, Q, R, S, split_rows,
             *gy.stride(), *x.stride(), *geo.stride, *geo.pad, *geo.dilation)
         if out is not dw:
-            _sum_splits(out, flat)
+            sum_partials(out, flat)
         return dw, db
     per_tap = Cg >= TAP_MIN_CHANNELS
     if per_tap and x.element_size() <= 2:
@@ -1159,7 +1144,7 @@ def _dw(gy: torch.Tensor, saved: torch.Tensor | None, x: torch.Tensor, weight: t
         *gy.stride(), *sv.stride(), *x.stride(), *geo.stride, *geo.pad, *geo.dilation, float(act_alpha),
         ACT=code, FROM_Z=from_z, HAS_DB=with_db, QB=qb, ROWS=rows, PER_TAP=per_tap, DIRECT=direct, **numerics)
     if splits > 1:
-        _sum_splits(out, flat)
+        sum_partials(out, flat)
     return dw, db
 
 
@@ -1184,9 +1169,11 @@ def conv2d_backward(gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, sav
     K, Cg, R, S = weight.shape
     depthwise = _is_depthwise(weight, geo.groups)
     fused_dw = need_w and not depthwise and not (Cg >= TAP_MIN_CHANNELS and x.element_size() <= 2)
+    framed = conv_framed.supports(x, weight, geo.stride, geo.groups) and gy.numel() > 0
+    framed_dw = framed and need_w and not fused_dw  # the framed dW takes 16-bit operands
     need_gz = need_x or (need_w and not fused_dw)
     copy_gz = need_gz and (code != activations.NONE or gy.dtype != x.dtype)
-    db_apart = has_bias and not (need_w and not depthwise)
+    db_apart = has_bias and not (need_w and not depthwise and not framed_dw)
     dbias = None
     gz = gy
     if copy_gz or db_apart:
@@ -1197,7 +1184,14 @@ def conv2d_backward(gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, sav
             bias_kind="per_n" if db_apart else "none", gz_dtype=x.dtype if copy_gz else None, beta=None)
         if copy_gz:  # [N, P*Q, K] contiguous: gZ in NHWC
             gz = gz3.as_strided((Nb, K, P, Q), (P * Q * K, 1, Q * K, K))
-    dx = _dx(gz, x, weight, geo) if need_x else None
+    if framed and (need_x or framed_dw):
+        dx = empty_like_layout(tuple(x.shape), x) if need_x else None
+        dw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device) if framed_dw else None
+        conv_framed.backward(gz, x, weight, geo.pad, geo.dilation, dx, dw)
+        if framed_dw or not need_w:
+            return dx, dw, dbias
+    else:
+        dx = _dx(gz, x, weight, geo) if need_x else None
     dw = None
     if need_w:
         if fused_dw:

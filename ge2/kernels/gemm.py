@@ -727,6 +727,20 @@ def sum_partials_kernel(partial_ptr, out_ptr, P, L, BLOCK_P: tl.constexpr, BLOCK
     tl.store(out_ptr + offs_l, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=offs_l < L)
 
 
+SUM_MAX_PARTIALS = 128  # partial rows one program of ``sum_partials`` loads at a time
+
+
+def sum_partials(partials: torch.Tensor, out: torch.Tensor) -> None:
+    """out[l] = sum over s of partials[s, l] ([S, L] contiguous fp32), in a fixed order; one
+    [<=128, >=32] block per program (32-row blocks left the few programs of a short row looping over
+    hundreds of partials, one memory latency each)."""
+    splits, length = partials.shape
+    block_p = min(SUM_MAX_PARTIALS, triton.next_power_of_2(splits))
+    block_l = max(32, 4096 // block_p)
+    sum_partials_kernel[(runtime.cdiv(length, block_l),)](partials, out, splits, length,
+                                                         BLOCK_P=block_p, BLOCK_L=block_l)
+
+
 def _strides3(t: torch.Tensor) -> tuple[int, int, int]:
     return (t.stride(0) if t.dim() == 3 else 0, t.stride(-2), t.stride(-1))
 

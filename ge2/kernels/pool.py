@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ge2 import runtime
-from ge2.kernels.conv import empty_like_layout, is_channels_last, tuning_bench
+from ge2.kernels.conv import empty_like_layout, is_channels_last
 
 # Memory-bound: 256-2048 lanes per program, 4-8 warps (Hopper). The interpreter's cost is per
 # program, so it takes 1024 lanes.
@@ -86,7 +86,7 @@ def _window_hits(h, p, pad, dil, stride, P):
     return (p < P) & (off >= 0) & (off % dil == 0)
 
 
-@runtime.autotune(CONFIGS, key=_KEY, default=INTERPRETER_CONFIG, do_bench=tuning_bench)
+@runtime.autotune(CONFIGS, key=_KEY, default=INTERPRETER_CONFIG, do_bench=runtime.tuning_bench)
 @triton.jit
 def max_pool2d_fwd_kernel(
     x_ptr, y_ptr, idx_ptr, total, C, H, W, P, Q, R, S,
@@ -116,7 +116,7 @@ def max_pool2d_fwd_kernel(
     tl.store(idx_ptr + out, best_idx, mask=mask)
 
 
-@runtime.autotune(CONFIGS, key=_KEY, default=INTERPRETER_CONFIG, do_bench=tuning_bench)
+@runtime.autotune(CONFIGS, key=_KEY, default=INTERPRETER_CONFIG, do_bench=runtime.tuning_bench)
 @triton.jit
 def max_pool2d_bwd_kernel(
     gy_ptr, idx_ptr, dx_ptr, total, C, H, W, P, Q, R, S,
@@ -171,7 +171,7 @@ def _avg_divisor(p, q, stride_h, stride_w, pad_h, pad_w, R, S, H, W,
     return tl.maximum(count, 1).to(tl.float32), hs, he, ws, we
 
 
-@runtime.autotune(CONFIGS, key=_KEY, default=INTERPRETER_CONFIG, do_bench=tuning_bench)
+@runtime.autotune(CONFIGS, key=_KEY, default=INTERPRETER_CONFIG, do_bench=runtime.tuning_bench)
 @triton.jit
 def avg_pool2d_fwd_kernel(
     x_ptr, y_ptr, total, C, H, W, P, Q, R, S,
@@ -196,7 +196,7 @@ def avg_pool2d_fwd_kernel(
     tl.store(y_ptr + n * syn + c * syc + p * syp + q * syq, (acc / divisor).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@runtime.autotune(CONFIGS, key=_KEY, default=INTERPRETER_CONFIG, do_bench=tuning_bench)
+@runtime.autotune(CONFIGS, key=_KEY, default=INTERPRETER_CONFIG, do_bench=runtime.tuning_bench)
 @triton.jit
 def avg_pool2d_bwd_kernel(
     gy_ptr, dx_ptr, total, C, H, W, P, Q, R, S,
@@ -231,7 +231,7 @@ def _adaptive_window(p, P, H):
     return (p * H) // P, ((p + 1) * H + P - 1) // P
 
 
-@runtime.autotune(CONFIGS, key=_KEY, default=INTERPRETER_CONFIG, do_bench=tuning_bench)
+@runtime.autotune(CONFIGS, key=_KEY, default=INTERPRETER_CONFIG, do_bench=runtime.tuning_bench)
 @triton.jit
 def adaptive_avg_pool2d_fwd_kernel(
     x_ptr, y_ptr, total, C, H, W, P, Q, R, S,
@@ -255,7 +255,7 @@ def adaptive_avg_pool2d_fwd_kernel(
     tl.store(y_ptr + n * syn + c * syc + p * syp + q * syq, (acc / count).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@runtime.autotune(CONFIGS, key=_KEY, default=INTERPRETER_CONFIG, do_bench=tuning_bench)
+@runtime.autotune(CONFIGS, key=_KEY, default=INTERPRETER_CONFIG, do_bench=runtime.tuning_bench)
 @triton.jit
 def adaptive_avg_pool2d_bwd_kernel(
     gy_ptr, dx_ptr, total, C, H, W, P, Q, R, S,

@@ -1,0 +1,352 @@
+"""Stride-1 convolutions as TMA GEMMs over a framed copy of the input.
+
+A *frame* holds an [N, C, H, W] tensor as rows of C channels (a 16-byte aligned row stride):
+image n's pixel (h, w) is row ``n*Hf*Wf + h*Wf + w``, and the ``Hf - H`` rows after each image
+and ``Wf - W`` columns after each image row are zeros (``frame_dims``). Put output pixel
+(n, p, q) at row ``j = n*Hf*Wf + p*Wf + q`` of the same frame; then the input pixel that tap
+(r, s) of it reads is row ``j + (r*dh - ph)*Wf + (s*dw - pw)``, and a read that falls in the
+padding lands in a zero gap (or before row 0 / past the end, which the copy engine fills with
+zeros). So the A tile of one tap for BLOCK_M consecutive output rows is BLOCK_M consecutive
+frame rows at a constant shift: a plain 2-D TMA load, no address arithmetic, no masks.
+
+* forward (``conv2d_framed_kernel``): a GEMM over the frame's rows, the reduction walking
+  (tap, channel block), W as [K, R*S*C] (channels innermost: both operands K-major, which tf32
+  wgmma requires); the epilogue drops the rows that fall in a gap (a 3x3 conv with padding 1
+  computes Hf*Wf / (P*Q) = 1.15x the useful work at 14x14, 1.04x at 56x56) and stores the rest
+  through the output's strides with bias + activation.
+* dX: the same kernel on the framed gZ with the weight's taps reversed (``FLIP``) and the
+  padding ``d*(R-1) - p``.
+* dW (``conv2d_framed_dw_kernel``, 16-bit): dW[:, :, r, s] = Gᵀ @ F shifted by tap (r, s), G the
+  framed gZ (zero in the gaps), F the framed input: one GEMM per tap, the frame rows split
+  across programs, fp32 partials added in a fixed order.
+
+Gaps of ``max(pad, d*(R-1) - pad)`` rows/columns serve all three passes, so dX and dW share one
+framed gZ. The tap-major kernel of ``ge2.kernels.conv`` read X through per-pixel masked loads
+(cp.async) instead; this path needs Hopper's TMA (or the interpreter).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ge2 import runtime
+from ge2.kernels.activations import act_fwd
+from ge2.kernels.gemm import _precision, _tile_coords, _tma_rounding, _tma_sms, sum_partials, tile_config
+
+ENABLED = True  # off: stride-1 convs take the tap-major kernels (A/B comparisons)
+MIN_CHANNELS = 16  # channels on both sides of the GEMM (fewer: a 16-deep MMA step is mostly padding)
+
+
+def _block_shapes(nargs) -> None:
+    """The descriptors' tile shapes follow the config (set before each launch)."""
+    bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+    if "g_desc" in nargs:  # dW: [rows, out channels] and [rows, in channels] tiles
+        nargs["g_desc"].block_shape = [bk, bm]
+        nargs["x_desc"].block_shape = [bk, bn]
+    else:
+        nargs["x_desc"].block_shape = [bm, bk]
+        nargs["w_desc"].block_shape = [bn, bk]
+
+
+def _cfg(bm, bn, bk, warps, stages) -> triton.Config:
+    return tile_config(bm, bn, bk, warps, stages, pre_hook=_block_shapes)
+
+
+CONFIGS_16 = [
+    _cfg(128, 128, 64, 8, 4),
+    _cfg(128, 256, 64, 8, 3),
+    _cfg(256, 128, 64, 8, 3),
+    _cfg(128, 64, 64, 4, 4),
+    _cfg(64, 64, 64, 4, 5),
+]
+CONFIGS_32 = [
+    _cfg(128, 128, 32, 8, 4),
+    _cfg(128, 256, 32, 8, 3),
+    _cfg(256, 128, 32, 8, 3),
+    _cfg(128, 64, 32, 4, 4),
+    _cfg(64, 64, 32, 4, 5),
+]
+INTERPRETER_CONFIG = _cfg(32, 32, 16, 4, 1)
+
+
+def _prune(configs, named_args, **kwargs):
+    """The configs of the operand width, at most one power of two wider than the output channels."""
+    a = {**named_args, **kwargs}
+    space = CONFIGS_16 if a["OPERAND_BYTES"] <= 2 else CONFIGS_32
+    k = triton.next_power_of_2(a["K"])
+    return [c for c in configs if c in space and c.kwargs["BLOCK_N"] <= max(64, k)] or space[-1:]
+
+
+def _prune_dw(configs, named_args, **kwargs):
+    a = {**named_args, **kwargs}
+    k, c = triton.next_power_of_2(a["K"]), triton.next_power_of_2(a["C"])
+    return [cf for cf in configs if cf in CONFIGS_16 and cf.kwargs["BLOCK_M"] <= max(64, k)
+            and cf.kwargs["BLOCK_N"] <= max(64, c)] or CONFIGS_16[-1:]
+
+
+_SIZES = ["M", "Nb", "P", "Q", "Wf", "HfWf", "shift0", "tap_dh"]
+
+
+@runtime.autotune(CONFIGS_16 + CONFIGS_32, key=["M", "K", "C", "taps", "OPERAND_BYTES", "PRECISION"],
+                  default=INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune},
+                  do_bench=runtime.tuning_bench)
+@triton.jit(do_not_specialize=_SIZES)
+def conv2d_framed_kernel(
+    x_desc, w_desc, bias_ptr, y_ptr, z_ptr,
+    M, K, C, Cs, Nb, P, Q, Wf, HfWf, shift0, tap_dh, tap_dw, S, taps,
+    syn, syk, syp, syq, sbias, act_alpha,
+    FLIP: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SAVE_Z: tl.constexpr,
+    OPERAND_BYTES: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """One [BLOCK_M frame rows, BLOCK_N out channels] tile of Y = act(conv(X) + bias).
+
+    x_desc: the framed input [rows, C]; w_desc: W as [K, taps*Cs], tap t's channels at t*Cs.
+    Tap t = (r, s) reads frame row j + shift0 + r*tap_dh + s*tap_dw for output row j.
+    """
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, K, BLOCK_M, BLOCK_N, GROUP_M)
+    m0 = pid_m * BLOCK_M
+    n0 = pid_n * BLOCK_N
+    c_blocks = tl.cdiv(C, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # One flat loop over (tap, channel block), so that the pipeliner always has R*S*c_blocks steps.
+    for step in range(0, taps * c_blocks):
+        tap = step // c_blocks
+        c0 = (step - tap * c_blocks) * BLOCK_K
+        r = tap // S
+        a = x_desc.load([m0 + shift0 + r * tap_dh + (tap - r * S) * tap_dw, c0])
+        w_tap = taps - 1 - tap if FLIP else tap
+        # Channels past C: A's are zero-filled by the copy engine, so B's (the next tap's) add nothing.
+        b = w_desc.load([n0, w_tap * Cs + c0])
+        if UPCAST:  # the interpreter cannot do 16-bit arithmetic; exact products either way
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b.T, acc, input_precision=PRECISION, out_dtype=tl.float32)
+    # Frame row j -> output pixel (n, p, q); rows in a gap are computed and dropped.
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    n = offs_m // HfWf
+    within = offs_m - n * HfWf
+    p = within // Wf
+    q = within - p * Wf
+    mask_m = (offs_m < M) & (p < P) & (q < Q)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < K
+    z = acc
+    if HAS_BIAS:
+        z += tl.load(bias_ptr + offs_n * sbias, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    y_offs = (n.to(tl.int64) * syn + p * syp + q * syq)[:, None] + offs_n[None, :].to(tl.int64) * syk
+    mask = mask_m[:, None] & mask_n[None, :]
+    if SAVE_Z:
+        tl.store(z_ptr + y_offs, z.to(z_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + y_offs, act_fwd(z, ACT, act_alpha).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@runtime.autotune(CONFIGS_16, key=["M", "K", "C", "taps", "SPLIT_STEPS"], default=INTERPRETER_CONFIG,
+                  prune_configs_by={"early_config_prune": _prune_dw}, do_bench=runtime.tuning_bench)
+@triton.jit(do_not_specialize=["M", "shift0", "tap_dh", "SPLIT_STEPS"])
+def conv2d_framed_dw_kernel(
+    g_desc, x_desc, out_ptr, M, K, C, shift0, tap_dh, tap_dw, S, SPLIT_STEPS,
+    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """Split program_id(2)'s partial of dW's tap program_id(1), tile program_id(0) of [K, C]:
+    out[split, tap, k, c] = sum over its frame rows j of G[j, k] * F[j + shift(tap), c]."""
+    pid_m, pid_n = _tile_coords(tl.program_id(0), K, C, BLOCK_M, BLOCK_N, GROUP_M)
+    tap = tl.program_id(1)
+    split = tl.program_id(2)
+    r = tap // S
+    shift = shift0 + r * tap_dh + (tap - r * S) * tap_dw
+    k0 = pid_m * BLOCK_M
+    c0 = pid_n * BLOCK_N
+    first = split * SPLIT_STEPS
+    last = tl.minimum(first + SPLIT_STEPS, tl.cdiv(M, BLOCK_K))
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for step in range(first, last):
+        j = step * BLOCK_K
+        g = g_desc.load([j, k0])  # [rows, out channels]: MN-major for the MMA (fine for 16-bit wgmma)
+        x = x_desc.load([j + shift, c0])
+        if UPCAST:
+            g = g.to(tl.float32)
+            x = x.to(tl.float32)
+        acc = tl.dot(g.T, x, acc, out_dtype=tl.float32)
+    offs_k = k0 + tl.arange(0, BLOCK_M)
+    offs_c = c0 + tl.arange(0, BLOCK_N)
+    taps = tl.num_programs(1)
+    row = (split * taps + tap).to(tl.int64) * K * C
+    tl.store(out_ptr + row + offs_k[:, None] * C + offs_c[None, :], acc,
+             mask=(offs_k[:, None] < K) & (offs_c[None, :] < C))
+
+
+FRAME_BLOCK_C = 64
+
+
+@triton.jit
+def conv2d_frame_kernel(src_ptr, dst_ptr, C, H, W, Hf, Wf, ssn, ssc, ssh, ssw, row_stride,
+                        BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Frame row (n, v) = program_id(0), columns and channels by blocks: dst[(n*Hf + v)*Wf + u, c] =
+    src[n, c, v, u] inside the image, 0 in the gaps. Loads run along whichever of (u, c) is
+    contiguous in src, stores along c; the compiler transposes the tile through shared memory."""
+    row = tl.program_id(0)
+    n = row // Hf
+    v = row - n * Hf
+    u = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = c < C
+    inside = (u < W) & (v < H)
+    vals = tl.load(src_ptr + n.to(tl.int64) * ssn + v * ssh + (u * ssw)[:, None] + (c * ssc)[None, :],
+                   mask=inside[:, None] & c_ok[None, :], other=0.0)
+    dst = dst_ptr + (row.to(tl.int64) * Wf + u)[:, None] * row_stride + c[None, :]
+    tl.store(dst, vals, mask=(u < Wf)[:, None] & c_ok[None, :])
+
+
+# ---------------------------------------------------------------------------------------------
+# Launchers
+# ---------------------------------------------------------------------------------------------
+def supports(x: torch.Tensor, weight: torch.Tensor, stride, groups: int) -> bool:
+    """Whether a conv of x by weight [K, C, R, S] runs framed: stride 1, one group, >= 16 channels
+    in and out, and TMA (a Hopper GPU, or the interpreter)."""
+    if not ENABLED or tuple(stride) != (1, 1) or groups != 1:
+        return False
+    if min(weight.shape[0], weight.shape[1]) < MIN_CHANNELS or weight.shape[2] * weight.shape[3] == 1:
+        return False
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32) or x.numel() == 0:
+        return False
+    return runtime.is_interpreter() or (x.is_cuda and _tma_sms(x.device) > 0)
+
+
+def frame_dims(H: int, W: int, P: int, Q: int, R: int, S: int, pad, dilation) -> tuple[int, int]:
+    """(Hf, Wf) of the frames of a stride-1 conv's input [.., H, W] and output [.., P, Q].
+
+    The gaps must hold the forward's padding (top ph, bottom P + dh*(R-1) - H - ph) and dX's
+    (d*(R-1) minus those), and a frame must hold both images."""
+    (ph, pw), (dh, dw) = pad, dilation
+    eh, ew = dh * (R - 1), dw * (S - 1)
+    pb, pr = P + eh - H - ph, Q + ew - W - pw
+    Hf = max(H + max(ph, pb, 0), P + max(eh - ph, eh - pb, 0))
+    Wf = max(W + max(pw, pr, 0), Q + max(ew - pw, ew - pr, 0))
+    return Hf, Wf
+
+
+def _row_stride(channels: int, dtype: torch.dtype) -> int:
+    """Elements per frame row: channels rounded up to 16 bytes (TMA's row alignment)."""
+    per = 16 // torch.tensor([], dtype=dtype).element_size()
+    return runtime.cdiv(channels, per) * per
+
+
+def frame(t: torch.Tensor, Hf: int, Wf: int) -> torch.Tensor:
+    """t [N, C, H, W] (any strides) as a frame [N*Hf*Wf, C] (row stride 16-byte aligned)."""
+    Nb, C, H, W = t.shape
+    cs = _row_stride(C, t.dtype)
+    buf = torch.empty((Nb * Hf * Wf, cs), dtype=t.dtype, device=t.device)
+    block_w = min(triton.next_power_of_2(Wf), 64)
+    block_c = 16 if runtime.is_interpreter() else FRAME_BLOCK_C
+    grid = (Nb * Hf, runtime.cdiv(Wf, block_w), runtime.cdiv(C, block_c))
+    conv2d_frame_kernel[grid](t, buf, C, H, W, Hf, Wf, *t.stride(), cs, BLOCK_W=block_w, BLOCK_C=block_c)
+    return buf[:, :C]
+
+
+def _descriptor(t: torch.Tensor, round_tf32: bool):
+    """A TMA descriptor over the 2-D view t (unit column stride); tile shape set per config."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    cls = _tma_rounding() if round_tf32 else None
+    if cls is not None:
+        return cls(t, list(t.shape), list(t.stride()), [16, 16], round_f32_to_tf32=True)
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [16, 16])
+
+
+def _weight_rows(weight: torch.Tensor, transposed: bool) -> torch.Tensor:
+    """W [K, C, R, S] as [K, R*S*Cs] (tap-major, channels innermost, Cs 16-byte aligned), or for dX
+    as [C, R*S*Ks] (output channels innermost; the kernel reverses the taps)."""
+    K, C, R, S = weight.shape
+    rows, inner = (C, K) if transposed else (K, C)
+    cs = _row_stride(inner, weight.dtype)
+    make = torch.zeros if cs != inner else torch.empty  # padding channels must be finite zeros
+    buf = make((rows, R, S, cs), dtype=weight.dtype, device=weight.device)
+    buf[..., :inner].copy_(weight.permute(1, 2, 3, 0) if transposed else weight.permute(0, 2, 3, 1))
+    return buf.view(rows, R * S * cs)
+
+
+def _gemm(framed: torch.Tensor, Hf: int, Wf: int, w_rows: torch.Tensor, R: int, S: int, out: torch.Tensor,
+          z: torch.Tensor | None, bias: torch.Tensor | None, pad, dilation, flip: bool, code: int,
+          act_alpha: float) -> None:
+    """out [N, K, P, Q] (and z) = act(conv(framed input [rows, C], w_rows) + bias): output pixel
+    (p, q) reads framed pixel (p + r*dh - pad_h, q + s*dw - pad_w) with tap (r, s)."""
+    Nb, K, P, Q = out.shape
+    C = framed.shape[1]
+    precision = _precision(framed.dtype)
+    round_tf32 = precision == "tf32" and not runtime.is_interpreter()
+    x_desc, w_desc = _descriptor(framed, round_tf32), _descriptor(w_rows, round_tf32)
+    M = (Nb - 1) * Hf * Wf + (P - 1) * Wf + Q
+    grid = lambda meta: (runtime.cdiv(M, meta["BLOCK_M"]) * runtime.cdiv(K, meta["BLOCK_N"]),)
+    conv2d_framed_kernel[grid](
+        x_desc, w_desc, bias if bias is not None else out, out, z if z is not None else out,
+        M, K, C, w_rows.shape[1] // (R * S), Nb, P, Q, Wf, Hf * Wf, -pad[0] * Wf - pad[1], dilation[0] * Wf,
+        dilation[1], S, R * S, *out.stride(), bias.stride(0) if bias is not None else 0, float(act_alpha),
+        FLIP=flip, HAS_BIAS=bias is not None, ACT=code, SAVE_Z=z is not None,
+        OPERAND_BYTES=framed.element_size(), PRECISION=precision,
+        UPCAST=runtime.is_interpreter() and framed.element_size() == 2,
+    )
+
+
+def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
+            z: torch.Tensor | None, pad, dilation, code: int, act_alpha: float) -> None:
+    """y [N, K, P, Q] (and z) = act(conv(x [N, C, H, W], weight [K, C, R, S]) + bias), stride 1."""
+    H, W = x.shape[2], x.shape[3]
+    R, S = weight.shape[2], weight.shape[3]
+    Hf, Wf = frame_dims(H, W, y.shape[2], y.shape[3], R, S, pad, dilation)
+    _gemm(frame(x, Hf, Wf), Hf, Wf, _weight_rows(weight, transposed=False), R, S, y, z, bias, pad, dilation,
+          False, code, act_alpha)
+
+
+def backward(gz: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, pad, dilation, dx: torch.Tensor | None,
+             dw: torch.Tensor | None) -> None:
+    """dx [N, C, H, W] and/or dw [K, C, R, S] (each if given) of a stride-1 conv, from gZ [N, K, P, Q].
+
+    dX is the forward on gZ with the taps reversed and padding d*(R-1) - pad; dW (16-bit operands)
+    a GEMM per tap over the frames of gZ and x. Both read one frame of gZ."""
+    Nb, C, H, W = x.shape
+    R, S = weight.shape[2], weight.shape[3]
+    Hf, Wf = frame_dims(H, W, gz.shape[2], gz.shape[3], R, S, pad, dilation)
+    g = frame(gz, Hf, Wf)
+    if dx is not None:
+        (ph, pw), (dh, dw_) = pad, dilation
+        _gemm(g, Hf, Wf, _weight_rows(weight, transposed=True), R, S, dx, None, None,
+              (dh * (R - 1) - ph, dw_ * (S - 1) - pw), dilation, True, 0, 0.0)
+    if dw is not None:
+        _dw(g, frame(x, Hf, Wf), dw, Nb * Hf * Wf, pad, Wf, dilation)
+
+
+# dW's frame rows are split so that the [K, C] tiles of all taps make about DW_TARGET_PROGRAMS
+# programs, each at least DW_MIN_STEPS steps long; the fp32 partials ([splits, taps, K, C]) are
+# added in a fixed order (deterministic, no atomics).
+DW_TARGET_PROGRAMS = 1 if runtime.is_interpreter() else 264
+DW_MIN_STEPS = 8
+
+
+def dw_splits(steps: int, tiles: int) -> tuple[int, int]:
+    """(splits, steps per split) of dW's reduction of ``steps`` steps for ``tiles`` output tiles."""
+    splits = max(1, min(runtime.cdiv(DW_TARGET_PROGRAMS, tiles), steps // DW_MIN_STEPS))
+    per = runtime.cdiv(steps, splits)
+    return runtime.cdiv(steps, per), per
+
+
+def _dw(g: torch.Tensor, f: torch.Tensor, dw: torch.Tensor, rows: int, pad, Wf: int, dilation) -> None:
+    K, C, R, S = dw.shape
+    taps = R * S
+    tiles = runtime.cdiv(K, 128) * runtime.cdiv(C, 128) * taps
+    # Splits are cut in whole steps of BLOCK_K rows: 64 in every GPU config, 16 in the interpreter's.
+    step_rows = (INTERPRETER_CONFIG if runtime.is_interpreter() else CONFIGS_16[0]).kwargs["BLOCK_K"]
+    splits, per = dw_splits(runtime.cdiv(rows, step_rows), tiles)
+    partials = torch.empty((splits, taps * K * C), dtype=torch.float32, device=dw.device)
+    grid = lambda meta: (runtime.cdiv(K, meta["BLOCK_M"]) * runtime.cdiv(C, meta["BLOCK_N"]), taps, splits)
+    conv2d_framed_dw_kernel[grid](
+        _descriptor(g, False), _descriptor(f, False), partials, rows, K, C,
+        -pad[0] * Wf - pad[1], dilation[0] * Wf, dilation[1], S, per,
+        UPCAST=runtime.is_interpreter())
+    total = partials[0]
+    if splits > 1:
+        total = torch.empty(taps * K * C, dtype=torch.float32, device=dw.device)
+        sum_partials(partials, total)
+    dw.copy_(total.view(R, S, K, C).permute(2, 3, 0, 1))
