@@ -142,7 +142,7 @@ def conv2d_framed_kernel(
     tl.store(y_ptr + y_offs, act_fwd(z, ACT, act_alpha).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@runtime.autotune(CONFIGS_16, key=["M", "K", "C", "taps", "SPLIT_STEPS"], default=INTERPRETER_CONFIG,
+@runtime.autotune(CONFIGS_16, key=["M", "K", "C", "S", "SPLIT_STEPS"], default=INTERPRETER_CONFIG,
                   prune_configs_by={"early_config_prune": _prune_dw}, do_bench=runtime.tuning_bench)
 @triton.jit(do_not_specialize=["M", "shift0", "tap_dh", "SPLIT_STEPS"])
 def conv2d_framed_dw_kernel(
