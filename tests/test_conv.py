@@ -125,7 +125,9 @@ def test_conv2d_weight_and_bias_gradients_over_splits_with_activation(case, layo
     # fp32 dW runs on the CUDA cores ("direct") up to DW_DIRECT_MACS, else through tl.dot, whose
     # steps take several output rows (here 4: the rows are 7 wide, 16-pixel segments) or one.
     from ge2.kernels import conv as K
+    from ge2.kernels import conv_framed
 
+    monkeypatch.setattr(conv_framed, "ENABLED", False)  # the per-tap case is stride 1: keep it off the framed path
     monkeypatch.setattr(K, "DW_MIN_SPLIT", 2)
     monkeypatch.setattr(K, "DW_TARGET_PROGRAMS", 528)
     if path.startswith("dot"):
@@ -317,6 +319,21 @@ def test_conv2d_framed_weight_gradient_over_splits(monkeypatch):
     gy = randn(3, 20, 6, 7, dtype=torch.bfloat16, seed=36)
     runs = [call("conv2d_backward", gy, x, w, padding=1, has_bias=True)[1:] for _ in range(2)]
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_conv2d_framed_fp32_weight_gradient_from_planar_frames(layout, monkeypatch):
+    # fp32 dW past the CUDA-core sizes: a GEMM per tap over channel-major ("planar") frames.
+    from ge2.kernels import conv as K
+    from ge2.kernels import conv_framed as FR
+
+    monkeypatch.setattr(K, "DW_DIRECT_MACS", {})
+    monkeypatch.setattr(FR, "DW_TARGET_PROGRAMS", 64)
+    monkeypatch.setattr(FR, "DW_MIN_STEPS", 2)
+    dw = _Counting(FR.conv2d_framed_dw_kernel)
+    monkeypatch.setattr(FR, "conv2d_framed_dw_kernel", dw)
+    _check_conv((2, 17, 5, 6, 20, (3, 2), 1, (1, 0), (1, 2), 1), layout, act="silu", seed=37)
+    assert dw.launches == 1
 
 
 def test_conv2d_frame_holds_the_padding_of_every_pass():

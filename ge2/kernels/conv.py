@@ -1168,9 +1168,11 @@ def conv2d_backward(gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, sav
                                  act_alpha=act_alpha, from_z=from_z, need_x=need_x, need_w=need_w)
     K, Cg, R, S = weight.shape
     depthwise = _is_depthwise(weight, geo.groups)
-    fused_dw = need_w and not depthwise and not (Cg >= TAP_MIN_CHANNELS and x.element_size() <= 2)
     framed = conv_framed.supports(x, weight, geo.stride, geo.groups) and gy.numel() > 0
-    framed_dw = framed and need_w and not fused_dw  # the framed dW takes 16-bit operands
+    # fp32 dW: framed (tf32 tensor cores) unless exact fp32 is asked for or the CUDA-core loop wins
+    macs = gy.numel() * Cg * R * S
+    framed_dw = framed and need_w and (x.element_size() <= 2 or macs > DW_DIRECT_MACS.get(_precision(x.dtype), 0))
+    fused_dw = need_w and not depthwise and not framed_dw and not (Cg >= TAP_MIN_CHANNELS and x.element_size() <= 2)
     need_gz = need_x or (need_w and not fused_dw)
     copy_gz = need_gz and (code != activations.NONE or gy.dtype != x.dtype)
     db_apart = has_bias and not (need_w and not depthwise and not framed_dw)

@@ -41,9 +41,10 @@ MIN_CHANNELS = 16  # channels on both sides of the GEMM (fewer: a 16-deep MMA st
 def _block_shapes(nargs) -> None:
     """The descriptors' tile shapes follow the config (set before each launch)."""
     bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
-    if "g_desc" in nargs:  # dW: [rows, out channels] and [rows, in channels] tiles
-        nargs["g_desc"].block_shape = [bk, bm]
-        nargs["x_desc"].block_shape = [bk, bn]
+    if "g_desc" in nargs:  # dW: [rows, channels] tiles, or [channels, rows] from planar frames
+        planar = nargs["PLANAR"]
+        nargs["g_desc"].block_shape = [bm, bk] if planar else [bk, bm]
+        nargs["x_desc"].block_shape = [bn, bk] if planar else [bk, bn]
     else:
         nargs["x_desc"].block_shape = [bm, bk]
         nargs["w_desc"].block_shape = [bn, bk]
@@ -58,6 +59,7 @@ CONFIGS_16 = [
     _cfg(128, 256, 64, 8, 3),
     _cfg(256, 128, 64, 8, 3),
     _cfg(128, 64, 64, 4, 4),
+    _cfg(256, 64, 64, 8, 4),
     _cfg(64, 64, 64, 4, 5),
 ]
 CONFIGS_32 = [
@@ -65,6 +67,7 @@ CONFIGS_32 = [
     _cfg(128, 256, 32, 8, 3),
     _cfg(256, 128, 32, 8, 3),
     _cfg(128, 64, 32, 4, 4),
+    _cfg(256, 64, 32, 8, 4),
     _cfg(64, 64, 32, 4, 5),
 ]
 INTERPRETER_CONFIG = _cfg(32, 32, 16, 4, 1)
@@ -80,9 +83,10 @@ def _prune(configs, named_args, **kwargs):
 
 def _prune_dw(configs, named_args, **kwargs):
     a = {**named_args, **kwargs}
+    space = CONFIGS_16 if a["OPERAND_BYTES"] <= 2 else CONFIGS_32
     k, c = triton.next_power_of_2(a["K"]), triton.next_power_of_2(a["C"])
-    return [cf for cf in configs if cf in CONFIGS_16 and cf.kwargs["BLOCK_M"] <= max(64, k)
-            and cf.kwargs["BLOCK_N"] <= max(64, c)] or CONFIGS_16[-1:]
+    return [cf for cf in configs if cf in space and cf.kwargs["BLOCK_M"] <= max(64, k)
+            and cf.kwargs["BLOCK_N"] <= max(64, c)] or space[-1:]
 
 
 _SIZES = ["M", "Nb", "P", "Q", "Wf", "HfWf", "shift0", "tap_dh"]
@@ -142,16 +146,22 @@ def conv2d_framed_kernel(
     tl.store(y_ptr + y_offs, act_fwd(z, ACT, act_alpha).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@runtime.autotune(CONFIGS_16, key=["M", "K", "C", "S", "SPLIT_STEPS"], default=INTERPRETER_CONFIG,
-                  prune_configs_by={"early_config_prune": _prune_dw}, do_bench=runtime.tuning_bench)
+@runtime.autotune(CONFIGS_16 + CONFIGS_32, key=["M", "K", "C", "S", "SPLIT_STEPS", "OPERAND_BYTES", "PRECISION"],
+                  default=INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_dw},
+                  do_bench=runtime.tuning_bench)
 @triton.jit(do_not_specialize=["M", "shift0", "tap_dh", "SPLIT_STEPS"])
 def conv2d_framed_dw_kernel(
-    g_desc, x_desc, out_ptr, M, K, C, shift0, tap_dh, tap_dw, S, SPLIT_STEPS,
-    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    g_desc, x_desc, x_ptr, M, K, C, shift0, tap_dh, tap_dw, S, SPLIT_STEPS, x_stride, out_ptr,
+    PLANAR: tl.constexpr, OPERAND_BYTES: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    INTERPRETED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
     """Split program_id(2)'s partial of dW's tap program_id(1), tile program_id(0) of [K, C]:
-    out[split, tap, k, c] = sum over its frame rows j of G[j, k] * F[j + shift(tap), c]."""
+    out[split, tap, k, c] = sum over its frame rows j of G[j, k] * F[j + shift(tap), c].
+
+    16-bit operands come in row frames (the MMA reads both tiles MN-major); fp32 in planar
+    frames ([channels, rows]: the rows, i.e. the reduction, innermost, as tf32 wgmma requires).
+    """
     pid_m, pid_n = _tile_coords(tl.program_id(0), K, C, BLOCK_M, BLOCK_N, GROUP_M)
     tap = tl.program_id(1)
     split = tl.program_id(2)
@@ -164,12 +174,24 @@ def conv2d_framed_dw_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step in range(first, last):
         j = step * BLOCK_K
-        g = g_desc.load([j, k0])  # [rows, out channels]: MN-major for the MMA (fine for 16-bit wgmma)
-        x = x_desc.load([j + shift, c0])
-        if UPCAST:
-            g = g.to(tl.float32)
-            x = x.to(tl.float32)
-        acc = tl.dot(g.T, x, acc, out_dtype=tl.float32)
+        if PLANAR:
+            g = g_desc.load([k0, j])  # [out channels, rows]
+            if INTERPRETED:
+                # The interpreter asserts 16-byte aligned inner offsets, which TMA does not need.
+                cc = c0 + tl.arange(0, BLOCK_N)
+                jj = j + shift + tl.arange(0, BLOCK_K)
+                x = tl.load(x_ptr + cc[:, None].to(tl.int64) * x_stride + jj[None, :],
+                            mask=(cc[:, None] < C) & (jj[None, :] >= 0) & (jj[None, :] < M), other=0.0)
+            else:
+                x = x_desc.load([c0, j + shift])  # [in channels, rows]
+            acc = tl.dot(g, x.T, acc, input_precision=PRECISION, out_dtype=tl.float32)
+        else:
+            g = g_desc.load([j, k0])  # [rows, out channels]
+            x = x_desc.load([j + shift, c0])  # [rows, in channels]
+            if UPCAST:  # the interpreter cannot do 16-bit arithmetic; exact products either way
+                g = g.to(tl.float32)
+                x = x.to(tl.float32)
+            acc = tl.dot(g.T, x, acc, out_dtype=tl.float32)
     offs_k = k0 + tl.arange(0, BLOCK_M)
     offs_c = c0 + tl.arange(0, BLOCK_N)
     taps = tl.num_programs(1)
@@ -182,11 +204,13 @@ FRAME_BLOCK_C = 64
 
 
 @triton.jit
-def conv2d_frame_kernel(src_ptr, dst_ptr, C, H, W, Hf, Wf, ssn, ssc, ssh, ssw, row_stride,
-                        BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Frame row (n, v) = program_id(0), columns and channels by blocks: dst[(n*Hf + v)*Wf + u, c] =
-    src[n, c, v, u] inside the image, 0 in the gaps. Loads run along whichever of (u, c) is
-    contiguous in src, stores along c; the compiler transposes the tile through shared memory."""
+def conv2d_frame_kernel(src_ptr, dst_ptr, C, H, W, Hf, Wf, ssn, ssc, ssh, ssw, dst_stride,
+                        PLANAR: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Frame row (n, v) = program_id(0), columns and channels by blocks: frame pixel
+    j = (n*Hf + v)*Wf + u gets src[n, c, v, u] inside the image, 0 in the gaps; stored at
+    dst[j, c] (row frame) or dst[c, j] (PLANAR). Loads run along whichever of (u, c) is
+    contiguous in src; where the store runs along the other, the compiler transposes the tile
+    through shared memory."""
     row = tl.program_id(0)
     n = row // Hf
     v = row - n * Hf
@@ -196,7 +220,11 @@ def conv2d_frame_kernel(src_ptr, dst_ptr, C, H, W, Hf, Wf, ssn, ssc, ssh, ssw, r
     inside = (u < W) & (v < H)
     vals = tl.load(src_ptr + n.to(tl.int64) * ssn + v * ssh + (u * ssw)[:, None] + (c * ssc)[None, :],
                    mask=inside[:, None] & c_ok[None, :], other=0.0)
-    dst = dst_ptr + (row.to(tl.int64) * Wf + u)[:, None] * row_stride + c[None, :]
+    j = row.to(tl.int64) * Wf + u
+    if PLANAR:
+        dst = dst_ptr + j[:, None] + c[None, :].to(tl.int64) * dst_stride
+    else:
+        dst = dst_ptr + j[:, None] * dst_stride + c[None, :]
     tl.store(dst, vals, mask=(u < Wf)[:, None] & c_ok[None, :])
 
 
@@ -234,16 +262,21 @@ def _row_stride(channels: int, dtype: torch.dtype) -> int:
     return runtime.cdiv(channels, per) * per
 
 
-def frame(t: torch.Tensor, Hf: int, Wf: int) -> torch.Tensor:
-    """t [N, C, H, W] (any strides) as a frame [N*Hf*Wf, C] (row stride 16-byte aligned)."""
+def frame(t: torch.Tensor, Hf: int, Wf: int, planar: bool = False) -> torch.Tensor:
+    """t [N, C, H, W] (any strides) as a frame [N*Hf*Wf, C], or planar [C, N*Hf*Wf] (outer stride
+    16-byte aligned)."""
     Nb, C, H, W = t.shape
-    cs = _row_stride(C, t.dtype)
-    buf = torch.empty((Nb * Hf * Wf, cs), dtype=t.dtype, device=t.device)
+    rows = Nb * Hf * Wf
+    if planar:
+        buf = torch.empty((C, _row_stride(rows, t.dtype)), dtype=t.dtype, device=t.device)
+    else:
+        buf = torch.empty((rows, _row_stride(C, t.dtype)), dtype=t.dtype, device=t.device)
     block_w = min(triton.next_power_of_2(Wf), 64)
     block_c = 16 if runtime.is_interpreter() else FRAME_BLOCK_C
     grid = (Nb * Hf, runtime.cdiv(Wf, block_w), runtime.cdiv(C, block_c))
-    conv2d_frame_kernel[grid](t, buf, C, H, W, Hf, Wf, *t.stride(), cs, BLOCK_W=block_w, BLOCK_C=block_c)
-    return buf[:, :C]
+    conv2d_frame_kernel[grid](t, buf, C, H, W, Hf, Wf, *t.stride(), buf.stride(0), PLANAR=planar,
+                              BLOCK_W=block_w, BLOCK_C=block_c)
+    return buf[:, :rows] if planar else buf[:, :C]
 
 
 def _descriptor(t: torch.Tensor, round_tf32: bool):
@@ -315,7 +348,10 @@ def backward(gz: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, pad, dilat
         _gemm(g, Hf, Wf, _weight_rows(weight, transposed=True), R, S, dx, None, None,
               (dh * (R - 1) - ph, dw_ * (S - 1) - pw), dilation, True, 0, 0.0)
     if dw is not None:
-        _dw(g, frame(x, Hf, Wf), dw, Nb * Hf * Wf, pad, Wf, dilation)
+        planar = x.element_size() > 2  # fp32: reduction-innermost operands for tf32 wgmma
+        if planar:
+            g = frame(gz, Hf, Wf, planar=True)
+        _dw(g, frame(x, Hf, Wf, planar), dw, Nb * Hf * Wf, pad, Wf, dilation, planar)
 
 
 # dW's frame rows are split so that the [K, C] tiles of all taps make about DW_TARGET_PROGRAMS
@@ -332,19 +368,25 @@ def dw_splits(steps: int, tiles: int) -> tuple[int, int]:
     return runtime.cdiv(steps, per), per
 
 
-def _dw(g: torch.Tensor, f: torch.Tensor, dw: torch.Tensor, rows: int, pad, Wf: int, dilation) -> None:
+def _dw(g: torch.Tensor, f: torch.Tensor, dw: torch.Tensor, rows: int, pad, Wf: int, dilation,
+        planar: bool) -> None:
+    """dw [K, C, R, S] from the frames of gZ (g) and x (f), both row frames or both planar."""
     K, C, R, S = dw.shape
     taps = R * S
     tiles = runtime.cdiv(K, 128) * runtime.cdiv(C, 128) * taps
-    # Splits are cut in whole steps of BLOCK_K rows: 64 in every GPU config, 16 in the interpreter's.
-    step_rows = (INTERPRETER_CONFIG if runtime.is_interpreter() else CONFIGS_16[0]).kwargs["BLOCK_K"]
+    # Splits are cut in whole steps of BLOCK_K rows (all GPU configs of one operand width share it).
+    space = CONFIGS_32 if planar else CONFIGS_16
+    step_rows = (INTERPRETER_CONFIG if runtime.is_interpreter() else space[0]).kwargs["BLOCK_K"]
     splits, per = dw_splits(runtime.cdiv(rows, step_rows), tiles)
     partials = torch.empty((splits, taps * K * C), dtype=torch.float32, device=dw.device)
+    precision = _precision(f.dtype)
+    round_tf32 = precision == "tf32" and not runtime.is_interpreter()
     grid = lambda meta: (runtime.cdiv(K, meta["BLOCK_M"]) * runtime.cdiv(C, meta["BLOCK_N"]), taps, splits)
     conv2d_framed_dw_kernel[grid](
-        _descriptor(g, False), _descriptor(f, False), partials, rows, K, C,
-        -pad[0] * Wf - pad[1], dilation[0] * Wf, dilation[1], S, per,
-        UPCAST=runtime.is_interpreter())
+        _descriptor(g, round_tf32), _descriptor(f, round_tf32), f, rows, K, C,
+        -pad[0] * Wf - pad[1], dilation[0] * Wf, dilation[1], S, per, f.stride(0), partials,
+        PLANAR=planar, OPERAND_BYTES=f.element_size(), PRECISION=precision,
+        UPCAST=runtime.is_interpreter() and f.element_size() == 2, INTERPRETED=runtime.is_interpreter())
     total = partials[0]
     if splits > 1:
         total = torch.empty(taps * K * C, dtype=torch.float32, device=dw.device)
