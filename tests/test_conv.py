@@ -333,7 +333,9 @@ def test_conv2d_framed_fp32_weight_gradient_from_planar_frames(layout, monkeypat
     dw = _Counting(FR.conv2d_framed_dw_kernel)
     monkeypatch.setattr(FR, "conv2d_framed_dw_kernel", dw)
     _check_conv((2, 17, 5, 6, 20, (3, 2), 1, (1, 0), (1, 2), 1), layout, act="silu", seed=37)
-    assert dw.launches == 1
+    assert dw.launches == 2  # one per residue mod 4 of the column taps' shifts s*2 - 0: 0 and 2
+    _check_conv((1, 16, 4, 5, 16, (3, 3), 1, 1, 1, 1), layout, seed=38)
+    assert dw.launches == 2 + 3  # shifts s - 1: residues 3, 0, 1
 
 
 def test_conv2d_frame_holds_the_padding_of_every_pass():

@@ -151,22 +151,24 @@ def conv2d_framed_kernel(
                   do_bench=runtime.tuning_bench)
 @triton.jit(do_not_specialize=["M", "shift0", "tap_dh", "SPLIT_STEPS"])
 def conv2d_framed_dw_kernel(
-    g_desc, x_desc, x_ptr, M, K, C, shift0, tap_dh, tap_dw, S, SPLIT_STEPS, x_stride, out_ptr,
+    g_desc, x_desc, M, K, C, shift0, tap_dh, tap_dw, S, s_first, s_step, SPLIT_STEPS, out_ptr,
     PLANAR: tl.constexpr, OPERAND_BYTES: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    INTERPRETED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    """Split program_id(2)'s partial of dW's tap program_id(1), tile program_id(0) of [K, C]:
-    out[split, tap, k, c] = sum over its frame rows j of G[j, k] * F[j + shift(tap), c].
+    """Split program_id(2)'s partial of dW's tap (r, s), tile program_id(0) of [K, C]:
+    out[split, r*S + s, k, c] = sum over its frame rows j of G[j, k] * F[j + shift(r, s), c].
 
+    program_id(1) = t walks the launch's taps: r = t // s_count, s = s_first + (t % s_count) * s_step.
     16-bit operands come in row frames (the MMA reads both tiles MN-major); fp32 in planar
     frames ([channels, rows]: the rows, i.e. the reduction, innermost, as tf32 wgmma requires).
     """
     pid_m, pid_n = _tile_coords(tl.program_id(0), K, C, BLOCK_M, BLOCK_N, GROUP_M)
-    tap = tl.program_id(1)
+    s_count = tl.cdiv(S - s_first, s_step)
+    r = tl.program_id(1) // s_count
+    s = s_first + (tl.program_id(1) - r * s_count) * s_step
+    tap = r * S + s
     split = tl.program_id(2)
-    r = tap // S
-    shift = shift0 + r * tap_dh + (tap - r * S) * tap_dw
+    shift = shift0 + r * tap_dh + s * tap_dw
     k0 = pid_m * BLOCK_M
     c0 = pid_n * BLOCK_N
     first = split * SPLIT_STEPS
@@ -174,16 +176,9 @@ def conv2d_framed_dw_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step in range(first, last):
         j = step * BLOCK_K
-        if PLANAR:
+        if PLANAR:  # the launcher makes j + shift a multiple of 16 bytes: TMA needs it innermost
             g = g_desc.load([k0, j])  # [out channels, rows]
-            if INTERPRETED:
-                # The interpreter asserts 16-byte aligned inner offsets, which TMA does not need.
-                cc = c0 + tl.arange(0, BLOCK_N)
-                jj = j + shift + tl.arange(0, BLOCK_K)
-                x = tl.load(x_ptr + cc[:, None].to(tl.int64) * x_stride + jj[None, :],
-                            mask=(cc[:, None] < C) & (jj[None, :] >= 0) & (jj[None, :] < M), other=0.0)
-            else:
-                x = x_desc.load([c0, j + shift])  # [in channels, rows]
+            x = x_desc.load([c0, j + shift])  # [in channels, rows]
             acc = tl.dot(g, x.T, acc, input_precision=PRECISION, out_dtype=tl.float32)
         else:
             g = g_desc.load([j, k0])  # [rows, out channels]
@@ -194,8 +189,7 @@ def conv2d_framed_dw_kernel(
             acc = tl.dot(g.T, x, acc, out_dtype=tl.float32)
     offs_k = k0 + tl.arange(0, BLOCK_M)
     offs_c = c0 + tl.arange(0, BLOCK_N)
-    taps = tl.num_programs(1)
-    row = (split * taps + tap).to(tl.int64) * K * C
+    row = (split * (tl.cdiv(tl.num_programs(1), s_count) * S) + tap).to(tl.int64) * K * C
     tl.store(out_ptr + row + offs_k[:, None] * C + offs_c[None, :], acc,
              mask=(offs_k[:, None] < K) & (offs_c[None, :] < C))
 
@@ -262,21 +256,24 @@ def _row_stride(channels: int, dtype: torch.dtype) -> int:
     return runtime.cdiv(channels, per) * per
 
 
-def frame(t: torch.Tensor, Hf: int, Wf: int, planar: bool = False) -> torch.Tensor:
-    """t [N, C, H, W] (any strides) as a frame [N*Hf*Wf, C], or planar [C, N*Hf*Wf] (outer stride
-    16-byte aligned)."""
+def frame(t: torch.Tensor, Hf: int, Wf: int, planar: bool = False, origin: int = 0) -> torch.Tensor:
+    """t [N, C, H, W] (any strides) as a frame [N*Hf*Wf, C], or planar [C, origin + N*Hf*Wf] with
+    ``origin`` zero columns first; outer stride 16-byte aligned."""
     Nb, C, H, W = t.shape
     rows = Nb * Hf * Wf
     if planar:
-        buf = torch.empty((C, _row_stride(rows, t.dtype)), dtype=t.dtype, device=t.device)
+        buf = torch.empty((C, _row_stride(origin + rows, t.dtype)), dtype=t.dtype, device=t.device)
+        if origin:
+            buf[:, :origin].fill_(0)
+        dst = buf[:, origin:]
     else:
-        buf = torch.empty((rows, _row_stride(C, t.dtype)), dtype=t.dtype, device=t.device)
+        buf = dst = torch.empty((rows, _row_stride(C, t.dtype)), dtype=t.dtype, device=t.device)
     block_w = min(triton.next_power_of_2(Wf), 64)
     block_c = 16 if runtime.is_interpreter() else FRAME_BLOCK_C
     grid = (Nb * Hf, runtime.cdiv(Wf, block_w), runtime.cdiv(C, block_c))
-    conv2d_frame_kernel[grid](t, buf, C, H, W, Hf, Wf, *t.stride(), buf.stride(0), PLANAR=planar,
+    conv2d_frame_kernel[grid](t, dst, C, H, W, Hf, Wf, *t.stride(), buf.stride(0), PLANAR=planar,
                               BLOCK_W=block_w, BLOCK_C=block_c)
-    return buf[:, :rows] if planar else buf[:, :C]
+    return buf[:, :origin + rows] if planar else buf[:, :C]
 
 
 def _descriptor(t: torch.Tensor, round_tf32: bool):
@@ -347,11 +344,10 @@ def backward(gz: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, pad, dilat
         (ph, pw), (dh, dw_) = pad, dilation
         _gemm(g, Hf, Wf, _weight_rows(weight, transposed=True), R, S, dx, None, None,
               (dh * (R - 1) - ph, dw_ * (S - 1) - pw), dilation, True, 0, 0.0)
-    if dw is not None:
-        planar = x.element_size() > 2  # fp32: reduction-innermost operands for tf32 wgmma
-        if planar:
-            g = frame(gz, Hf, Wf, planar=True)
-        _dw(g, frame(x, Hf, Wf, planar), dw, Nb * Hf * Wf, pad, Wf, dilation, planar)
+    if dw is not None and x.element_size() <= 2:
+        _dw_rows(g, frame(x, Hf, Wf), dw, Nb * Hf * Wf, pad, Wf, dilation)
+    elif dw is not None:
+        _dw_planar(gz, x, dw, Hf, runtime.cdiv(Wf, 4) * 4, pad, dilation)
 
 
 # dW's frame rows are split so that the [K, C] tiles of all taps make about DW_TARGET_PROGRAMS
@@ -368,27 +364,74 @@ def dw_splits(steps: int, tiles: int) -> tuple[int, int]:
     return runtime.cdiv(steps, per), per
 
 
-def _dw(g: torch.Tensor, f: torch.Tensor, dw: torch.Tensor, rows: int, pad, Wf: int, dilation,
-        planar: bool) -> None:
-    """dw [K, C, R, S] from the frames of gZ (g) and x (f), both row frames or both planar."""
+def _dw_launch(g_desc, x_desc, dw: torch.Tensor, partials: torch.Tensor, rows: int, shift0: int, tap_dh: int,
+               tap_dw: int, s_first: int, s_step: int, per: int, planar: bool) -> None:
+    """One launch of the dW kernel over the taps (r, s_first + i*s_step), writing their partials."""
     K, C, R, S = dw.shape
-    taps = R * S
-    tiles = runtime.cdiv(K, 128) * runtime.cdiv(C, 128) * taps
+    splits = partials.shape[0]
+    taps = R * runtime.cdiv(S - s_first, s_step)
+    grid = lambda meta: (runtime.cdiv(K, meta["BLOCK_M"]) * runtime.cdiv(C, meta["BLOCK_N"]), taps, splits)
+    conv2d_framed_dw_kernel[grid](
+        g_desc, x_desc, rows, K, C, shift0, tap_dh, tap_dw, S, s_first, s_step, per, partials,
+        PLANAR=planar, OPERAND_BYTES=dw.element_size(), PRECISION=_precision(dw.dtype),
+        UPCAST=runtime.is_interpreter() and dw.element_size() == 2)
+
+
+def _dw_partials(dw: torch.Tensor, rows: int, planar: bool) -> tuple[torch.Tensor, int]:
+    """(partials [splits, R*S*K*C] fp32, steps per split) for dW's reduction over ``rows`` frame rows."""
+    K, C, R, S = dw.shape
+    tiles = runtime.cdiv(K, 128) * runtime.cdiv(C, 128) * R * S
     # Splits are cut in whole steps of BLOCK_K rows (all GPU configs of one operand width share it).
     space = CONFIGS_32 if planar else CONFIGS_16
     step_rows = (INTERPRETER_CONFIG if runtime.is_interpreter() else space[0]).kwargs["BLOCK_K"]
     splits, per = dw_splits(runtime.cdiv(rows, step_rows), tiles)
-    partials = torch.empty((splits, taps * K * C), dtype=torch.float32, device=dw.device)
-    precision = _precision(f.dtype)
-    round_tf32 = precision == "tf32" and not runtime.is_interpreter()
-    grid = lambda meta: (runtime.cdiv(K, meta["BLOCK_M"]) * runtime.cdiv(C, meta["BLOCK_N"]), taps, splits)
-    conv2d_framed_dw_kernel[grid](
-        _descriptor(g, round_tf32), _descriptor(f, round_tf32), f, rows, K, C,
-        -pad[0] * Wf - pad[1], dilation[0] * Wf, dilation[1], S, per, f.stride(0), partials,
-        PLANAR=planar, OPERAND_BYTES=f.element_size(), PRECISION=precision,
-        UPCAST=runtime.is_interpreter() and f.element_size() == 2, INTERPRETED=runtime.is_interpreter())
+    return torch.empty((splits, R * S * K * C), dtype=torch.float32, device=dw.device), per
+
+
+def _dw_finish(partials: torch.Tensor, dw: torch.Tensor) -> None:
+    """dw [K, C, R, S] = the fixed-order sum of the [splits, (r, s, k, c)] partials."""
+    K, C, R, S = dw.shape
     total = partials[0]
-    if splits > 1:
-        total = torch.empty(taps * K * C, dtype=torch.float32, device=dw.device)
+    if partials.shape[0] > 1:
+        total = torch.empty(partials.shape[1], dtype=torch.float32, device=dw.device)
         sum_partials(partials, total)
     dw.copy_(total.view(R, S, K, C).permute(2, 3, 0, 1))
+
+
+def _dw_rows(g: torch.Tensor, f: torch.Tensor, dw: torch.Tensor, rows: int, pad, Wf: int, dilation) -> None:
+    """16-bit dw [K, C, R, S] from the row frames of gZ (g) and x (f): one launch for all taps."""
+    partials, per = _dw_partials(dw, rows, planar=False)
+    _dw_launch(_descriptor(g, False), _descriptor(f, False), dw, partials, rows, -pad[0] * Wf - pad[1],
+               dilation[0] * Wf, dilation[1], 0, 1, per, planar=False)
+    _dw_finish(partials, dw)
+
+
+def _dw_planar(gz: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, Hf: int, Wf: int, pad, dilation) -> None:
+    """fp32 dw [K, C, R, S] from planar frames ([channels, rows]) of gZ and x.
+
+    TMA wants the innermost coordinate of a load at a multiple of 16 bytes (unaligned starts
+    fault), and tap (r, s) reads x's frame at row j + (r*dh - ph)*Wf + s*dw - pw. With Wf a
+    multiple of 4 and j stepping in 32s, the shift's residue mod 4 depends on s alone: x gets one
+    planar frame per residue, its first columns padded so that the reads land aligned (and at
+    column >= 0), and each residue's taps are one launch."""
+    Nb = x.shape[0]
+    K, C, R, S = dw.shape
+    rows = Nb * Hf * Wf
+    round_tf32 = _precision(x.dtype) == "tf32" and not runtime.is_interpreter()
+    g_desc = _descriptor(frame(gz, Hf, Wf, planar=True), round_tf32)
+    partials, per = _dw_partials(dw, rows, planar=True)
+    (ph, pw), (dh, dw_) = pad, dilation
+    lead = 4 * runtime.cdiv(max(ph * Wf + pw, 0), 4)  # zero columns that keep the reads at >= 0 too
+    launched = set()
+    for s in range(S):
+        residue = (pw - s * dw_) % 4  # origin + shift = 0 mod 4
+        if residue in launched:
+            continue
+        launched.add(residue)
+        origin = lead + residue
+        same = [t for t in range(S) if (pw - t * dw_) % 4 == residue]  # an arithmetic run: s, s + step, ...
+        step = same[1] - same[0] if len(same) > 1 else S
+        x_desc = _descriptor(frame(x, Hf, Wf, planar=True, origin=origin), round_tf32)
+        _dw_launch(g_desc, x_desc, dw, partials, rows, origin - ph * Wf - pw, dh * Wf, dw_, s, step, per,
+                   planar=True)
+    _dw_finish(partials, dw)
