@@ -338,6 +338,18 @@ def test_conv2d_framed_fp32_weight_gradient_from_planar_frames(layout, monkeypat
     assert dw.launches == 2 + 3  # shifts s - 1: residues 3, 0, 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_conv2d_framed_channels_last_weight_is_read_in_place(dtype):
+    from ge2.kernels.conv_framed import _weight_rows
+
+    x = randn(2, 16, 5, 6, dtype=dtype, seed=41).contiguous(memory_format=torch.channels_last)
+    w = randn(24, 16, 3, 3, dtype=dtype, seed=42).contiguous(memory_format=torch.channels_last)
+    assert _weight_rows(w).data_ptr() == w.data_ptr()  # [K, R*S*C] is W's own memory
+    assert _weight_rows(w.contiguous()).data_ptr() != w.data_ptr()
+    _compare_conv(x, w, None, lambda xt, wt, bt: TF.conv2d(xt, wt, None, 1, 1),
+                  lambda xg, wg, bg: F.conv2d(xg, wg, None, 1, 1), seed=43)
+
+
 def test_conv2d_frame_holds_the_padding_of_every_pass():
     from ge2.kernels.conv_framed import frame_dims
 

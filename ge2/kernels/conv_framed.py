@@ -47,7 +47,7 @@ def _block_shapes(nargs) -> None:
         nargs["x_desc"].block_shape = [bn, bk] if planar else [bk, bn]
     else:
         nargs["x_desc"].block_shape = [bm, bk]
-        nargs["w_desc"].block_shape = [bn, bk]
+        nargs["w_desc"].block_shape = [bn, bk] if nargs["W_KMAJOR"] else [bk, bn]
 
 
 def _cfg(bm, bn, bk, warps, stages) -> triton.Config:
@@ -100,13 +100,14 @@ def conv2d_framed_kernel(
     x_desc, w_desc, bias_ptr, y_ptr, z_ptr,
     M, K, C, Cs, Nb, P, Q, Wf, HfWf, shift0, tap_dh, tap_dw, S, taps,
     syn, syk, syp, syq, sbias, act_alpha,
-    FLIP: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SAVE_Z: tl.constexpr,
+    FLIP: tl.constexpr, W_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SAVE_Z: tl.constexpr,
     OPERAND_BYTES: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """One [BLOCK_M frame rows, BLOCK_N out channels] tile of Y = act(conv(X) + bias).
 
-    x_desc: the framed input [rows, C]; w_desc: W as [K, taps*Cs], tap t's channels at t*Cs.
+    x_desc: the framed input [rows, C]; w_desc: W as [K, taps*Cs], tap t's channels at t*Cs
+    (W_KMAJOR), or the transposed problem's [C, taps*Ks] read as [reduction, output] tiles.
     Tap t = (r, s) reads frame row j + shift0 + r*tap_dh + s*tap_dw for output row j.
     """
     pid_m, pid_n = _tile_coords(tl.program_id(0), M, K, BLOCK_M, BLOCK_N, GROUP_M)
@@ -121,12 +122,15 @@ def conv2d_framed_kernel(
         r = tap // S
         a = x_desc.load([m0 + shift0 + r * tap_dh + (tap - r * S) * tap_dw, c0])
         w_tap = taps - 1 - tap if FLIP else tap
-        # Channels past C: A's are zero-filled by the copy engine, so B's (the next tap's) add nothing.
-        b = w_desc.load([n0, w_tap * Cs + c0])
+        if W_KMAJOR:  # W [K, taps*Cs]: reduction channels innermost (tf32 wgmma needs this)
+            # Channels past C: A's are zero-filled by the copy engine, so B's (the next tap's) add nothing.
+            b = w_desc.load([n0, w_tap * Cs + c0]).T
+        else:  # dX from the forward's W: rows are the reduction, output channels innermost
+            b = w_desc.load([c0, w_tap * Cs + n0])
         if UPCAST:  # the interpreter cannot do 16-bit arithmetic; exact products either way
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        acc = tl.dot(a, b.T, acc, input_precision=PRECISION, out_dtype=tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=tl.float32)
     # Frame row j -> output pixel (n, p, q); rows in a gap are computed and dropped.
     offs_m = m0 + tl.arange(0, BLOCK_M)
     n = offs_m // HfWf
@@ -286,12 +290,15 @@ def _descriptor(t: torch.Tensor, round_tf32: bool):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [16, 16])
 
 
-def _weight_rows(weight: torch.Tensor, transposed: bool) -> torch.Tensor:
-    """W [K, C, R, S] as [K, R*S*Cs] (tap-major, channels innermost, Cs 16-byte aligned), or for dX
-    as [C, R*S*Ks] (output channels innermost; the kernel reverses the taps)."""
+def _weight_rows(weight: torch.Tensor, transposed: bool = False) -> torch.Tensor:
+    """W [K, C, R, S] as [K, R*S*Cs] (tap-major, channels innermost, Cs 16-byte aligned), or
+    ``transposed`` as [C, R*S*Ks] (output channels innermost). A channels-last W whose rows are
+    16-byte aligned is already the former: a view, no copy."""
     K, C, R, S = weight.shape
     rows, inner = (C, K) if transposed else (K, C)
     cs = _row_stride(inner, weight.dtype)
+    if not transposed and cs == C and weight.permute(0, 2, 3, 1).is_contiguous() and weight.data_ptr() % 16 == 0:
+        return weight.permute(0, 2, 3, 1).reshape(K, R * S * C)
     make = torch.zeros if cs != inner else torch.empty  # padding channels must be finite zeros
     buf = make((rows, R, S, cs), dtype=weight.dtype, device=weight.device)
     buf[..., :inner].copy_(weight.permute(1, 2, 3, 0) if transposed else weight.permute(0, 2, 3, 1))
@@ -300,9 +307,10 @@ def _weight_rows(weight: torch.Tensor, transposed: bool) -> torch.Tensor:
 
 def _gemm(framed: torch.Tensor, Hf: int, Wf: int, w_rows: torch.Tensor, R: int, S: int, out: torch.Tensor,
           z: torch.Tensor | None, bias: torch.Tensor | None, pad, dilation, flip: bool, code: int,
-          act_alpha: float) -> None:
+          act_alpha: float, w_kmajor: bool = True) -> None:
     """out [N, K, P, Q] (and z) = act(conv(framed input [rows, C], w_rows) + bias): output pixel
-    (p, q) reads framed pixel (p + r*dh - pad_h, q + s*dw - pad_w) with tap (r, s)."""
+    (p, q) reads framed pixel (p + r*dh - pad_h, q + s*dw - pad_w) with tap (r, s); w_rows as
+    ``_weight_rows`` makes it (``w_kmajor``: [out, taps*Cs]; else [in, taps*Ks], read transposed)."""
     Nb, K, P, Q = out.shape
     C = framed.shape[1]
     precision = _precision(framed.dtype)
@@ -314,7 +322,7 @@ def _gemm(framed: torch.Tensor, Hf: int, Wf: int, w_rows: torch.Tensor, R: int, 
         x_desc, w_desc, bias if bias is not None else out, out, z if z is not None else out,
         M, K, C, w_rows.shape[1] // (R * S), Nb, P, Q, Wf, Hf * Wf, -pad[0] * Wf - pad[1], dilation[0] * Wf,
         dilation[1], S, R * S, *out.stride(), bias.stride(0) if bias is not None else 0, float(act_alpha),
-        FLIP=flip, HAS_BIAS=bias is not None, ACT=code, SAVE_Z=z is not None,
+        FLIP=flip, W_KMAJOR=w_kmajor, HAS_BIAS=bias is not None, ACT=code, SAVE_Z=z is not None,
         OPERAND_BYTES=framed.element_size(), PRECISION=precision,
         UPCAST=runtime.is_interpreter() and framed.element_size() == 2,
     )
@@ -342,8 +350,9 @@ def backward(gz: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, pad, dilat
     g = frame(gz, Hf, Wf)
     if dx is not None:
         (ph, pw), (dh, dw_) = pad, dilation
-        _gemm(g, Hf, Wf, _weight_rows(weight, transposed=True), R, S, dx, None, None,
-              (dh * (R - 1) - ph, dw_ * (S - 1) - pw), dilation, True, 0, 0.0)
+        kmajor = x.element_size() > 2  # 16-bit wgmma reads the forward's W as it is (MN-major)
+        _gemm(g, Hf, Wf, _weight_rows(weight, transposed=kmajor), R, S, dx, None, None,
+              (dh * (R - 1) - ph, dw_ * (S - 1) - pw), dilation, True, 0, 0.0, w_kmajor=kmajor)
     if dw is not None and x.element_size() <= 2:
         _dw_rows(g, frame(x, Hf, Wf), dw, Nb * Hf * Wf, pad, Wf, dilation)
     elif dw is not None:
