@@ -36,11 +36,12 @@ PREDICTION_1X1 = ("1x1 (N64 C128 H28 K128) through the GEMM kernels: 1.64 GFLOP 
                   "bf16 NHWC fwd ~10 us (0.75x cuDNN's 7.3), NCHW (batched GEMM, no TMA) ~12 us (0.8x of 9.3); "
                   "tf32 NHWC ~20 us (1.1x of 23), NCHW (MN-major X tiles) ~25 us (1.0x); fwd+bwd ~1.0x "
                   "bf16 and 1.1-1.3x tf32; tf32x3 vs cuDNN fp32 >= 1x")
-PREDICTION = ("tap-major implicit GEMM, K-major operands (cp.async + wgmma): forward 0.6-0.9x cuDNN on the 3x3 "
-              "NHWC shapes (A re-read once per tap from L2: ~9x the input's bytes), NCHW pays one NHWC copy "
-              "of x (~17 us bf16 at 64x64x56^2); 128x3x32^2 (flat reduction) and depthwise (direct) >= 1x; "
-              "dX (stride 1) as fast as the forward, dW per tap with split-K ~0.7x of the forward's rate; "
-              "pooling near torch's bandwidth")
+PREDICTION = ("stride-1 3x3 (one group, >= 16 channels) as TMA GEMMs over a framed copy of x (conv_framed): "
+              "GEMM ~0.75x of cuBLAS-class rate on the 1.15x (14^2) / 1.04x (56^2) framed work, + one frame "
+              "pass (~5 us at 64x256x14^2 bf16, ~17 us at 64x64x56^2); NCHW >= 1x cuDNN (its NCHW kernels "
+              "transpose too), NHWC fwd ~0.75x at 14^2 and ~0.6x at 56^2 (A re-read per tap from L2, no halo "
+              "reuse); fwd+bwd NHWC ~0.7x; 128x3x32^2 (flat reduction) and depthwise (direct) >= 1x; pooling "
+              "near torch's bandwidth")
 
 # (N, C, H, K, r, groups, stride): the issue's shapes, and one strided ResNet downsampling layer.
 CONV_SHAPES = [
