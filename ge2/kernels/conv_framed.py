@@ -32,7 +32,7 @@ import triton.language as tl
 
 from ge2 import runtime
 from ge2.kernels.activations import act_fwd
-from ge2.kernels.gemm import _precision, _tile_coords, _tma_rounding, _tma_sms, sum_partials, tile_config
+from ge2.kernels.gemm import _precision, _tile_coords, _tma_rounding, _tma_sms, tile_config
 
 ENABLED = True  # off: stride-1 convs take the tap-major kernels (A/B comparisons)
 MIN_CHANNELS = 16  # channels on both sides of the GEMM (fewer: a 16-deep MMA step is mostly padding)
@@ -198,7 +198,22 @@ def conv2d_framed_dw_kernel(
              mask=(offs_k[:, None] < K) & (offs_c[None, :] < C))
 
 
-FRAME_BLOCK_C = 64
+@triton.jit
+def conv2d_framed_dw_sum_kernel(partial_ptr, dw_ptr, SPLITS, KC, TAPS: tl.constexpr, BLOCK_T: tl.constexpr,
+                                BLOCK_KC: tl.constexpr):
+    """dw[kc, tap] ([K, C, R, S] contiguous) = sum over s of partial[s, tap, kc], s in order: the
+    splits' sum and the (tap, k, c) -> (k, c, tap) transpose in one pass."""
+    kc = tl.program_id(0) * BLOCK_KC + tl.arange(0, BLOCK_KC)
+    tap = tl.arange(0, BLOCK_T)
+    offs = tap[:, None].to(tl.int64) * KC + kc[None, :]
+    mask = (tap[:, None] < TAPS) & (kc[None, :] < KC)
+    acc = tl.zeros((BLOCK_T, BLOCK_KC), dtype=tl.float32)
+    for split in range(0, SPLITS):
+        acc += tl.load(partial_ptr + split * TAPS * KC + offs, mask=mask, other=0.0)
+    tl.store(dw_ptr + kc[None, :].to(tl.int64) * TAPS + tap[:, None], acc.to(dw_ptr.dtype.element_ty), mask=mask)
+
+
+FRAME_TILE = 4096
 
 
 @triton.jit
@@ -273,7 +288,8 @@ def frame(t: torch.Tensor, Hf: int, Wf: int, planar: bool = False, origin: int =
     else:
         buf = dst = torch.empty((rows, _row_stride(C, t.dtype)), dtype=t.dtype, device=t.device)
     block_w = min(triton.next_power_of_2(Wf), 64)
-    block_c = 16 if runtime.is_interpreter() else FRAME_BLOCK_C
+    # ~FRAME_TILE elements a program (a 16-wide row of 14 pixels times 64 channels moved 2 KB: too little)
+    block_c = 16 if runtime.is_interpreter() else min(triton.next_power_of_2(C), max(16, FRAME_TILE // block_w))
     grid = (Nb * Hf, runtime.cdiv(Wf, block_w), runtime.cdiv(C, block_c))
     conv2d_frame_kernel[grid](t, dst, C, H, W, Hf, Wf, *t.stride(), buf.stride(0), PLANAR=planar,
                               BLOCK_W=block_w, BLOCK_C=block_c)
@@ -400,11 +416,10 @@ def _dw_partials(dw: torch.Tensor, rows: int, planar: bool) -> tuple[torch.Tenso
 def _dw_finish(partials: torch.Tensor, dw: torch.Tensor) -> None:
     """dw [K, C, R, S] = the fixed-order sum of the [splits, (r, s, k, c)] partials."""
     K, C, R, S = dw.shape
-    total = partials[0]
-    if partials.shape[0] > 1:
-        total = torch.empty(partials.shape[1], dtype=torch.float32, device=dw.device)
-        sum_partials(partials, total)
-    dw.copy_(total.view(R, S, K, C).permute(2, 3, 0, 1))
+    block_t = triton.next_power_of_2(R * S)
+    block_kc = max(16, min(1024, 4096 // block_t))
+    conv2d_framed_dw_sum_kernel[(runtime.cdiv(K * C, block_kc),)](partials, dw, partials.shape[0], K * C, TAPS=R * S,
+                                                                   BLOCK_T=block_t, BLOCK_KC=block_kc)
 
 
 def _dw_rows(g: torch.Tensor, f: torch.Tensor, dw: torch.Tensor, rows: int, pad, Wf: int, dilation) -> None:
@@ -440,7 +455,14 @@ def _dw_planar(gz: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, Hf: int, Wf:
         origin = lead + residue
         same = [t for t in range(S) if (pw - t * dw_) % 4 == residue]  # an arithmetic run: s, s + step, ...
         step = same[1] - same[0] if len(same) > 1 else S
-        x_desc = _descriptor(frame(x, Hf, Wf, planar=True, origin=origin), round_tf32)
+        if not launched - {residue}:
+            first = frame(x, Hf, Wf, planar=True, origin=origin)
+            fx = first
+        else:  # the same frame shifted: a contiguous copy per channel, not another gather from x
+            fx = torch.empty((C, _row_stride(origin + rows, x.dtype)), dtype=x.dtype, device=x.device)[:, :origin + rows]
+            fx[:, :origin].fill_(0)
+            fx[:, origin:].copy_(first[:, first.shape[1] - rows:])
+        x_desc = _descriptor(fx, round_tf32)
         _dw_launch(g_desc, x_desc, dw, partials, rows, origin - ph * Wf - pw, dh * Wf, dw_, s, step, per,
                    planar=True)
     _dw_finish(partials, dw)
