@@ -199,18 +199,22 @@ def conv2d_framed_dw_kernel(
 
 
 @triton.jit
-def conv2d_framed_dw_sum_kernel(partial_ptr, dw_ptr, SPLITS, KC, TAPS: tl.constexpr, BLOCK_T: tl.constexpr,
-                                BLOCK_KC: tl.constexpr):
+def conv2d_framed_dw_sum_kernel(partial_ptr, dw_ptr, SPLITS, KC, TAPS: tl.constexpr, BLOCK_S: tl.constexpr,
+                                BLOCK_T: tl.constexpr, BLOCK_KC: tl.constexpr):
     """dw[kc, tap] ([K, C, R, S] contiguous) = sum over s of partial[s, tap, kc], s in order: the
-    splits' sum and the (tap, k, c) -> (k, c, tap) transpose in one pass."""
+    splits' sum and the (tap, k, c) -> (k, c, tap) transpose in one pass. BLOCK_S splits per load
+    (one split per step made a 30-split sum a chain of 30 memory latencies)."""
     kc = tl.program_id(0) * BLOCK_KC + tl.arange(0, BLOCK_KC)
     tap = tl.arange(0, BLOCK_T)
-    offs = tap[:, None].to(tl.int64) * KC + kc[None, :]
-    mask = (tap[:, None] < TAPS) & (kc[None, :] < KC)
+    offs = (tap[:, None].to(tl.int64) * KC + kc[None, :])[None, :, :]
+    mask = ((tap[:, None] < TAPS) & (kc[None, :] < KC))[None, :, :]
     acc = tl.zeros((BLOCK_T, BLOCK_KC), dtype=tl.float32)
-    for split in range(0, SPLITS):
-        acc += tl.load(partial_ptr + split * TAPS * KC + offs, mask=mask, other=0.0)
-    tl.store(dw_ptr + kc[None, :].to(tl.int64) * TAPS + tap[:, None], acc.to(dw_ptr.dtype.element_ty), mask=mask)
+    for s0 in range(0, SPLITS, BLOCK_S):
+        split = s0 + tl.arange(0, BLOCK_S)[:, None, None]
+        part = tl.load(partial_ptr + split.to(tl.int64) * TAPS * KC + offs, mask=mask & (split < SPLITS), other=0.0)
+        acc += tl.sum(part, axis=0)
+    tl.store(dw_ptr + kc[None, :].to(tl.int64) * TAPS + tap[:, None], acc.to(dw_ptr.dtype.element_ty),
+             mask=(tap[:, None] < TAPS) & (kc[None, :] < KC))
 
 
 FRAME_TILE = 4096
@@ -380,6 +384,7 @@ def backward(gz: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, pad, dilat
 # added in a fixed order (deterministic, no atomics).
 DW_TARGET_PROGRAMS = 1 if runtime.is_interpreter() else 264
 DW_MIN_STEPS = 8
+DW_SUM_SPLITS = 32  # split partials one program of the sum loads at a time
 
 
 def dw_splits(steps: int, tiles: int) -> tuple[int, int]:
@@ -417,9 +422,11 @@ def _dw_finish(partials: torch.Tensor, dw: torch.Tensor) -> None:
     """dw [K, C, R, S] = the fixed-order sum of the [splits, (r, s, k, c)] partials."""
     K, C, R, S = dw.shape
     block_t = triton.next_power_of_2(R * S)
-    block_kc = max(16, min(1024, 4096 // block_t))
-    conv2d_framed_dw_sum_kernel[(runtime.cdiv(K * C, block_kc),)](partials, dw, partials.shape[0], K * C, TAPS=R * S,
-                                                                   BLOCK_T=block_t, BLOCK_KC=block_kc)
+    block_s = min(triton.next_power_of_2(partials.shape[0]), DW_SUM_SPLITS)
+    block_kc = max(16, 8192 // (block_s * block_t))
+    conv2d_framed_dw_sum_kernel[(runtime.cdiv(K * C, block_kc),)](
+        partials, dw, partials.shape[0], K * C, TAPS=R * S, BLOCK_S=block_s, BLOCK_T=block_t, BLOCK_KC=block_kc,
+        num_warps=8)
 
 
 def _dw_rows(g: torch.Tensor, f: torch.Tensor, dw: torch.Tensor, rows: int, pad, Wf: int, dilation) -> None:
@@ -455,14 +462,7 @@ def _dw_planar(gz: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, Hf: int, Wf:
         origin = lead + residue
         same = [t for t in range(S) if (pw - t * dw_) % 4 == residue]  # an arithmetic run: s, s + step, ...
         step = same[1] - same[0] if len(same) > 1 else S
-        if not launched - {residue}:
-            first = frame(x, Hf, Wf, planar=True, origin=origin)
-            fx = first
-        else:  # the same frame shifted: a contiguous copy per channel, not another gather from x
-            fx = torch.empty((C, _row_stride(origin + rows, x.dtype)), dtype=x.dtype, device=x.device)[:, :origin + rows]
-            fx[:, :origin].fill_(0)
-            fx[:, origin:].copy_(first[:, first.shape[1] - rows:])
-        x_desc = _descriptor(fx, round_tf32)
+        x_desc = _descriptor(frame(x, Hf, Wf, planar=True, origin=origin), round_tf32)
         _dw_launch(g_desc, x_desc, dw, partials, rows, origin - ph * Wf - pw, dh * Wf, dw_, s, step, per,
                    planar=True)
     _dw_finish(partials, dw)
