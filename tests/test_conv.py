@@ -312,7 +312,7 @@ def test_conv2d_framed_weight_gradient_over_splits(monkeypatch):
 
     monkeypatch.setattr(FR, "DW_TARGET_PROGRAMS", 64)
     monkeypatch.setattr(FR, "DW_MIN_STEPS", 2)
-    monkeypatch.setattr(FR, "DW_SUM_SPLITS", 2)  # the sum walks the splits in several loads
+    monkeypatch.setattr(FR, "DW_SUM_SPLITS", 2)  # the sum walks its 4 splits in two loads of 2
     case = (3, 16, 6, 7, 20, (3, 3), 1, 1, 1, 1)
     assert FR.dw_splits(3 * 7 * 8 // 16, 9)[0] > 2  # 16-row steps over the 7x8 frames
     _check_conv(case, "nhwc", torch.bfloat16, act="gelu", seed=33)
