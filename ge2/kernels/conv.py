@@ -21,6 +21,9 @@ that fall in the padding. It walks the reduction in one of two orders (constexpr
 
 1x1 convolutions with stride 1, no padding and one group are plain GEMMs and take the GEMM
 module's kernels instead (``gemm_1x1_layout``; NHWC a 2-D GEMM, NCHW one batched over images).
+Other stride-1 convs with one group and >= 16 channels take ``ge2.kernels.conv_framed`` where TMA
+exists (Hopper, the interpreter): forward, dX and dW as TMA GEMMs over a zero-gapped copy of the
+input; the kernels here serve the rest (strided, grouped, few channels, pre-Hopper GPUs).
 
 The output is written through its strides in the input's layout. Pure depthwise convolutions
 (one input and one output channel per group) skip the GEMM: ``conv2d_depthwise_kernel`` is a
