@@ -54,22 +54,11 @@ def _cfg(bm, bn, bk, warps, stages) -> triton.Config:
     return tile_config(bm, bn, bk, warps, stages, pre_hook=_block_shapes)
 
 
-CONFIGS_16 = [
-    _cfg(128, 128, 64, 8, 4),
-    _cfg(128, 256, 64, 8, 3),
-    _cfg(256, 128, 64, 8, 3),
-    _cfg(128, 64, 64, 4, 4),
-    _cfg(256, 64, 64, 8, 4),
-    _cfg(64, 64, 64, 4, 5),
-]
-CONFIGS_32 = [
-    _cfg(128, 128, 32, 8, 4),
-    _cfg(128, 256, 32, 8, 3),
-    _cfg(256, 128, 32, 8, 3),
-    _cfg(128, 64, 32, 4, 4),
-    _cfg(256, 64, 32, 8, 4),
-    _cfg(64, 64, 32, 4, 5),
-]
+# (BLOCK_M, BLOCK_N, warps, stages); 16-bit operands take 64-deep K steps, fp32 ones 32-deep
+# (the same bytes per shared-memory stage).
+_TILES = [(128, 128, 8, 4), (128, 256, 8, 3), (256, 128, 8, 3), (128, 64, 4, 4), (256, 64, 8, 4), (64, 64, 4, 5)]
+CONFIGS_16 = [_cfg(bm, bn, 64, warps, stages) for bm, bn, warps, stages in _TILES]
+CONFIGS_32 = [_cfg(bm, bn, 32, warps, stages) for bm, bn, warps, stages in _TILES]
 INTERPRETER_CONFIG = _cfg(32, 32, 16, 4, 1)
 
 
