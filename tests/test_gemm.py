@@ -443,3 +443,15 @@ def test_bad_input(inputs, attrs, error, message):
     with pytest.raises(error) as info:
         call("gemm", *inputs, **attrs)
     assert str(info.value).startswith("gemm:") and message in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("rows, length", [(700, 40), (5, 300), (300, 4100), (1, 1)])
+def test_sum_partials_one_and_two_levels(rows, length):
+    # Many rows of a short length (a conv's bias gradient) add 128-row chunks first, then the chunks.
+    part = randn(rows, length, seed=rows + length)
+    out = torch.empty(length, dtype=torch.float32, device=DEVICE)
+    gemm_kernels.sum_partials(part, out)
+    torch.testing.assert_close(out.double(), part.double().sum(0), rtol=1e-5, atol=1e-5)
+    again = torch.empty_like(out)
+    gemm_kernels.sum_partials(part, again)
+    assert torch.equal(out, again)  # a fixed order

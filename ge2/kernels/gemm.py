@@ -716,29 +716,47 @@ def bias_act_backward_kernel(
 
 
 @triton.jit
-def sum_partials_kernel(partial_ptr, out_ptr, P, L, BLOCK_P: tl.constexpr, BLOCK_L: tl.constexpr):
-    """out[l] = sum over p of partial[p, l] ([P, L] contiguous), always in the same order."""
+def sum_partials_kernel(partial_ptr, out_ptr, P, L, CHUNK, BLOCK_P: tl.constexpr, BLOCK_L: tl.constexpr):
+    """out[c, l] = sum over the rows p of chunk c = program_id(1) (CHUNK rows each) of partial[p, l]
+    ([P, L] contiguous), always in the same order."""
     offs_l = tl.program_id(0) * BLOCK_L + tl.arange(0, BLOCK_L)
+    first = tl.program_id(1) * CHUNK
+    last = tl.minimum(first + CHUNK, P)
     acc = tl.zeros((BLOCK_P, BLOCK_L), dtype=partial_ptr.dtype.element_ty)
-    for p in range(0, tl.cdiv(P, BLOCK_P)):
-        offs_p = p * BLOCK_P + tl.arange(0, BLOCK_P)
+    for p in range(first, last, BLOCK_P):
+        offs_p = p + tl.arange(0, BLOCK_P)
         acc += tl.load(partial_ptr + offs_p[:, None].to(tl.int64) * L + offs_l[None, :],
-                       mask=(offs_p[:, None] < P) & (offs_l[None, :] < L), other=0.0)
-    tl.store(out_ptr + offs_l, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=offs_l < L)
+                       mask=(offs_p[:, None] < last) & (offs_l[None, :] < L), other=0.0)
+    out = out_ptr + tl.program_id(1).to(tl.int64) * L + offs_l
+    tl.store(out, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=offs_l < L)
 
 
 SUM_MAX_PARTIALS = 128  # partial rows one program of ``sum_partials`` loads at a time
+SUM_MIN_PROGRAMS = 128  # fewer column blocks than this over many rows: sum in two levels
+
+
+def _sum_chunks(partials: torch.Tensor, out: torch.Tensor, chunk: int) -> None:
+    rows, length = partials.shape
+    block_p = min(SUM_MAX_PARTIALS, triton.next_power_of_2(min(rows, chunk)))
+    block_l = max(32, 4096 // block_p)
+    sum_partials_kernel[(runtime.cdiv(length, block_l), runtime.cdiv(rows, chunk))](
+        partials, out, rows, length, chunk, BLOCK_P=block_p, BLOCK_L=block_l)
 
 
 def sum_partials(partials: torch.Tensor, out: torch.Tensor) -> None:
-    """out[l] = sum over s of partials[s, l] ([S, L] contiguous fp32), in a fixed order; one
-    [<=128, >=32] block per program (32-row blocks left the few programs of a short row looping over
-    hundreds of partials, one memory latency each)."""
-    splits, length = partials.shape
-    block_p = min(SUM_MAX_PARTIALS, triton.next_power_of_2(splits))
-    block_l = max(32, 4096 // block_p)
-    sum_partials_kernel[(runtime.cdiv(length, block_l),)](partials, out, splits, length,
-                                                         BLOCK_P=block_p, BLOCK_L=block_l)
+    """out[l] = sum over s of partials[s, l] ([S, L] contiguous fp32/fp64), in a fixed order.
+
+    One [<=128, >=32] block per program and step (32-row blocks left the few programs of a short
+    row looping over hundreds of partials, one memory latency each). Many rows of a short L
+    (e.g. a conv bias gradient: 3136 tile rows of 64 channels) first add 128-row chunks in
+    parallel, then the chunk sums."""
+    rows, length = partials.shape
+    if rows > 2 * SUM_MAX_PARTIALS and runtime.cdiv(length, 32) < SUM_MIN_PROGRAMS:
+        chunks = torch.empty((runtime.cdiv(rows, SUM_MAX_PARTIALS), length), dtype=partials.dtype,
+                             device=partials.device)
+        _sum_chunks(partials, chunks, SUM_MAX_PARTIALS)
+        partials, rows = chunks, chunks.shape[0]
+    _sum_chunks(partials, out, rows)
 
 
 def _strides3(t: torch.Tensor) -> tuple[int, int, int]:
@@ -783,7 +801,7 @@ def bias_act_backward(gy: torch.Tensor, saved: torch.Tensor | None, *, act: int,
     dbias = None
     if kind:
         dbias = torch.empty(length, dtype=gy.dtype, device=gy.device)
-        sum_partials_kernel[(runtime.cdiv(length, 128),)](partial, dbias, rows, length, BLOCK_P=32, BLOCK_L=128)
+        sum_partials(partial, dbias)
     return gz, dbias, dc
 
 
