@@ -390,6 +390,9 @@ def test_tma_every_config(index, monkeypatch):
     dtype = torch.float32 if fp32 else torch.bfloat16
     monkeypatch.setattr(gemm_kernels.gemm_tma_kernel, "configs", [cfg])
     monkeypatch.setattr(gemm_kernels.gemm_tma_kernel, "best_config", None, raising=False)
+    # and forget the configs that earlier calls of this shape chose (in one process, another index's)
+    monkeypatch.setattr(gemm_kernels.gemm_tma_kernel, "cache", {})
+    monkeypatch.setattr(gemm_kernels.gemm_tma_kernel, "_fast", {})
     M, N, K = 3000, 1560, 776
     x, w, bias = randn(M, K, dtype=dtype, seed=31), randn(N, K, dtype=dtype, seed=32), randn(N, dtype=dtype, seed=33)
     if fp32:
