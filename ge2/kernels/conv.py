@@ -1027,6 +1027,11 @@ DB_PIXELS = tl.constexpr(256)  # pixels per step of dW's bias-gradient programs 
 DEPTHWISE_DW_TARGET_PROGRAMS = 264
 
 
+def _direct_dw(dtype: torch.dtype, macs: int) -> bool:
+    """Whether dW of ``macs`` multiply-adds runs on the CUDA cores (fp32 up to DW_DIRECT_MACS)."""
+    return dtype == torch.float32 and macs <= DW_DIRECT_MACS.get(_precision(dtype), 0)
+
+
 def _dw_splits(steps: int, tiles: int, row: int = 1, gz_numel: int = 0) -> tuple[int, int]:
     """(number of splits, steps per split) of dW's reduction of ``steps`` steps, for a grid of
     ``tiles`` programs per split whose partials are ``row`` floats per split."""
@@ -1126,7 +1131,7 @@ def _dw(gy: torch.Tensor, saved: torch.Tensor | None, x: torch.Tensor, weight: t
     ncols = Cg if per_tap else CRS
     tiles = runtime.cdiv(Kg, 64) * runtime.cdiv(ncols, 32) * geo.groups * taps
     numerics = _numerics(x.dtype)
-    direct = x.dtype == torch.float32 and L * K * CRS <= DW_DIRECT_MACS.get(numerics["PRECISION"], 0)
+    direct = _direct_dw(x.dtype, L * K * CRS)
     if per_tap and x.dtype == torch.float32 and numerics["PRECISION"] != "ieee" and not direct and is_channels_last(x):
         # tf32 wgmma takes K-major operands only, and NHWC's run along channels, not along the pixel
         # reduction: NCHW copies of gY and X cost less than the strided dW (docs/conv.md, dW).
@@ -1172,9 +1177,8 @@ def conv2d_backward(gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, sav
     K, Cg, R, S = weight.shape
     depthwise = _is_depthwise(weight, geo.groups)
     framed = conv_framed.supports(x, weight, geo.stride, geo.groups) and gy.numel() > 0
-    # fp32 dW: framed (tf32 tensor cores) unless exact fp32 is asked for or the CUDA-core loop wins
-    macs = gy.numel() * Cg * R * S
-    framed_dw = framed and need_w and (x.element_size() <= 2 or macs > DW_DIRECT_MACS.get(_precision(x.dtype), 0))
+    # fp32 dW: framed (tensor cores) unless the CUDA-core loop takes it
+    framed_dw = framed and need_w and not _direct_dw(x.dtype, gy.numel() * Cg * R * S)
     fused_dw = need_w and not depthwise and not framed_dw and not (Cg >= TAP_MIN_CHANNELS and x.element_size() <= 2)
     need_gz = need_x or (need_w and not fused_dw)
     copy_gz = need_gz and (code != activations.NONE or gy.dtype != x.dtype)

@@ -264,7 +264,7 @@ def frame_dims(H: int, W: int, P: int, Q: int, R: int, S: int, pad, dilation) ->
 
 def _row_stride(channels: int, dtype: torch.dtype) -> int:
     """Elements per frame row: channels rounded up to 16 bytes (TMA's row alignment)."""
-    per = 16 // torch.tensor([], dtype=dtype).element_size()
+    per = 16 // dtype.itemsize
     return runtime.cdiv(channels, per) * per
 
 
@@ -356,13 +356,14 @@ def backward(gz: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, pad, dilat
     Nb, C, H, W = x.shape
     R, S = weight.shape[2], weight.shape[3]
     Hf, Wf = frame_dims(H, W, gz.shape[2], gz.shape[3], R, S, pad, dilation)
-    g = frame(gz, Hf, Wf)
+    rows_dw = dw is not None and x.element_size() <= 2  # 16-bit dW reads the row frame of gZ too
+    g = frame(gz, Hf, Wf) if dx is not None or rows_dw else None
     if dx is not None:
         (ph, pw), (dh, dw_) = pad, dilation
         kmajor = x.element_size() > 2  # 16-bit wgmma reads the forward's W as it is (MN-major)
         _gemm(g, Hf, Wf, _weight_rows(weight, transposed=kmajor), R, S, dx, None, None,
               (dh * (R - 1) - ph, dw_ * (S - 1) - pw), dilation, True, 0, 0.0, w_kmajor=kmajor)
-    if dw is not None and x.element_size() <= 2:
+    if rows_dw:
         _dw_rows(g, frame(x, Hf, Wf), dw, Nb * Hf * Wf, pad, Wf, dilation)
     elif dw is not None:
         _dw_planar(gz, x, dw, Hf, runtime.cdiv(Wf, 4) * 4, pad, dilation)
