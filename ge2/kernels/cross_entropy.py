@@ -13,12 +13,12 @@ count without weights). Rows whose target is ``ignore_index`` give 0 loss and 0 
 One pass over the logits gives both the row loss and dx (for gy = 1): the row is read once,
 dx is written once, into the logits buffer itself when the caller allows it. Backward then only
 scales dx by gy, reading gy on the device and skipping the pass when gy == 1 (``loss.backward()``).
-Rows up to ``MAX_FUSED_C`` (32768) classes are held in registers by one program. Longer 16-bit rows
-are streamed twice by one program per SM (``cross_entropy_two_pass_kernel``): the second pass, dx,
-re-reads the row from L2, so DRAM still sees one read. Other long rows are split over several
-programs (``cross_entropy_split_kernel``), each holding a slice in registers; on the GPU they
-exchange a partial (max, sum exp) through global memory and wait for each other, so the row is
-still read once. Rows whose target is ignored are not read at all.
+Rows up to ``MAX_FUSED_C`` (32768) classes are held in registers by one program. Longer rows are
+split over several programs (``cross_entropy_split_kernel``), each holding a slice in registers; on
+the GPU they exchange a partial (max, sum exp) through global memory and wait for each other, so
+the row is still read once. (``cross_entropy_two_pass_kernel``, one program per SM streaming a row
+twice, the second pass from L2, is kept as an option: ``two_pass_config=`` / ``TWO_PASS_CONFIG``.)
+Rows whose target is ignored are not read at all.
 
 Targets are checked by ``target_stats_kernel``, a small pass over the targets that also computes
 D and sum(w): an out-of-range target gives that row NaN loss and gradient (never an out-of-bounds
