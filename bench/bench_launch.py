@@ -4,7 +4,8 @@ Each case is called N times back to back without synchronising (the GPU queue ab
 kernels; the host loop is what is timed), after a warm-up that compiles and tunes everything; ge2
 and torch take turns over 15 rounds and each reports its median (``harness.host_us_interleaved``).
 Cases: a tiny elementwise add (through autograd, and as a bare registry call that replays its call
-plan), the bare compiled-kernel launch for scale, a tiny Linear+relu forward, and its
+plan, through the compiled dispatch and through the registry's Python entry), the bare
+compiled-kernel launch for scale, a tiny Linear+relu forward, and its
 forward+backward. Writes
 bench/results/launch.json. On the interpreter the numbers include running the kernels and mean
 nothing; run on a GPU.
@@ -50,6 +51,8 @@ def main() -> None:
         # the same tensor twice: its own call-plan key, replayed like x + y (was refused: 111 us)
         "add x + x 64x128": (lambda: x + x, lambda: xt + xt),
         "registry add (call plan)": (lambda: registry.call("add", xt, yt), lambda: xt + yt),
+        # the same replay through the registry's Python entry instead of ge2_native's dispatch
+        "registry add, python_call": (lambda: registry.python_call("add", xt, yt), lambda: xt + yt),
         "compiled kernel launch, bare": (lambda: runner(xt, yt, out, 64 * 128, 1024), lambda: xt + yt),
         "linear+relu fwd 64x128->64": (lambda: F.linear(x, w, b, activation="relu"),
                                         lambda: torch.relu(torch.nn.functional.linear(xt, wt, bt))),

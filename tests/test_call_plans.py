@@ -231,6 +231,13 @@ def _native_plan(name, *inputs, **attrs):
     return plan
 
 
+def _native_runs(call):
+    """call() once; how many of its op calls the compiled dispatch replayed without Python."""
+    native_hits = call_plans.STATS["native"]
+    call()
+    return call_plans.STATS["native"] - native_hits
+
+
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
 def test_native_launches_pack_pointers_ints_tuples_and_floats(dtype):
@@ -242,17 +249,18 @@ def test_native_launches_pack_pointers_ints_tuples_and_floats(dtype):
                     torch.randint(-2**40, 2**40, (5, 7), device=DEVICE))
         return randn(33, 1, 7, dtype=dtype), randn(5, 7, dtype=dtype)
 
-    _native_plan("add", *operands())
+    assert _native_plan("add", *operands()).native is not None
     for _ in range(2):
         x, y = operands()
-        torch.testing.assert_close(registry.call("add", x, y), x + y, rtol=0, atol=0)
+        assert _native_runs(lambda: torch.testing.assert_close(registry.call("add", x, y), x + y, rtol=0, atol=0)) == 1
     if dtype == torch.int64:
         return
     s = randn(9, 131, dtype=dtype)
-    _native_plan("softmax", s, dim=1, scale=0.37)
+    assert _native_plan("softmax", s, dim=1, scale=0.37).native is not None
     s = randn(9, 131, dtype=dtype)
     ref = torch.softmax(s.float() * 0.37, dim=1).to(dtype)
-    torch.testing.assert_close(registry.call("softmax", s, dim=1, scale=0.37), ref, rtol=2e-2, atol=1e-3)
+    assert _native_runs(lambda: torch.testing.assert_close(registry.call("softmax", s, dim=1, scale=0.37), ref,
+                                                           rtol=2e-2, atol=1e-3)) == 1
     a, w, b = randn(6, 9), randn(5, 9), randn(5)
     _native_plan("gemm", a, w, None, b, trans_b=True, bias_kind="per_n", act="relu")
     a, w, b = randn(6, 9), randn(5, 9), randn(5)
@@ -279,6 +287,66 @@ def test_native_launches_run_on_the_current_stream_and_in_new_threads():
     thread.join()
     torch.cuda.synchronize()
     torch.testing.assert_close(results[0], x * y, rtol=0, atol=0)
+
+
+@gpu
+def test_compiled_dispatch_returns_what_the_python_replay_returns():
+    """A plan with several outputs (a fused GEMM's tuple) replayed by the compiled dispatch: the same
+    structure and values as the plan's Python replay; a launch hook or a recorder sends calls to Python."""
+    if registry.call is registry.python_call:
+        pytest.skip("ge2_native cannot be built here")
+    a, w, b = randn(33, 40), randn(24, 40), randn(24)
+    attrs = dict(trans_b=True, bias_kind="per_n", act="gelu", save_z=True)
+    plan = _native_plan("gemm", a, w, None, b, **attrs)
+    a, w, b = randn(33, 40), randn(24, 40), randn(24)
+    python = plan.replay((a, w, None, b))
+    if plan.native is None:  # a TMA descriptor argument: the Python replay is this plan's path
+        assert _native_runs(lambda: registry.call("gemm", a, w, None, b, **attrs)) == 0
+        return
+    got = []
+    assert _native_runs(lambda: got.append(registry.call("gemm", a, w, None, b, **attrs))) == 1
+    assert type(got[0]) is type(python) and len(got[0]) == len(python)
+    for mine, theirs in zip(got[0], python):
+        assert (mine is None) == (theirs is None)
+        if mine is not None:
+            torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
+            assert mine.data_ptr() != theirs.data_ptr()  # fresh outputs each call
+    from triton import knobs
+
+    seen = []
+
+    def hook(metadata):
+        seen.append(metadata)
+
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        assert _native_runs(lambda: registry.call("gemm", a, w, None, b, **attrs)) == 0
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert seen, "the hook did not see the launch the Python replay made"
+
+
+def test_the_compiled_dispatch_and_python_call_agree():
+    """registry.call (compiled) and registry.python_call: the same results, plans, replays and errors."""
+    if registry.call is registry.python_call:
+        pytest.skip("ge2_native cannot be built here (no C compiler)")
+    for entry in (registry.call, registry.python_call):
+        call_plans.clear()
+        x, y = randn(5, 7), randn(7)
+        outs, replays = _calls(lambda u, v: entry("add", u, v), [(x, y)] * 4)
+        assert replays == 2  # the first call runs, the second records, then two replays
+        for out in outs:
+            torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+        torch.testing.assert_close(entry("softmax", x, dim=0, scale=2.0), torch.softmax(2 * x, dim=0))
+        torch.testing.assert_close(entry("sum", x, dims=[1], keepdim=False), x.sum(1))  # a list: not keyed
+        with pytest.raises(KeyError, match="no op named 'nope'"):
+            entry("nope", x)
+        with pytest.raises((TypeError, ValueError), match="add"):
+            entry("add", x, randn(3))
+        with ge2.use_backend("torch"):
+            hits = call_plans.STATS["hits"]
+            torch.testing.assert_close(entry("add", x, y), x + y)
+            assert call_plans.STATS["hits"] == hits
 
 
 def test_the_compiled_key_is_the_python_key():

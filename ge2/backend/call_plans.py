@@ -43,7 +43,7 @@ from ge2.kernels import launch, native
 
 ENABLED: bool = os.environ.get("GE2_CALL_PLANS", "1") not in ("", "0")
 MAX_PLANS = 16384  # call keys of all ops; a full table is cleared (shapes beyond that are a workload's churn)
-STATS = {"hits": 0, "plans": 0, "refused": 0}
+STATS = {"hits": 0, "native": 0, "plans": 0, "refused": 0}  # native: hits replayed in C
 REFUSED: dict[tuple[str, str], int] = {}  # (op, why) -> recordings refused: what keeps an op off the fast path
 _Tensor = torch.Tensor
 _SCALARS = (int, bool, str, type(None))
@@ -171,7 +171,7 @@ class CallPlan:
     recorded constants bound in, so a replay runs no loop over a template and no per-launch dispatch.
     """
 
-    __slots__ = ("in_index", "in_layouts", "outputs", "result", "launches", "replay", "source")
+    __slots__ = ("in_index", "in_layouts", "outputs", "result", "launches", "replay", "source", "native")
 
     def __init__(self, in_index, in_layouts, outputs, result, launches):
         self.in_index = in_index  # positions of the tensor inputs; sources 0.. are these, then the outputs
@@ -182,6 +182,54 @@ class CallPlan:
         self.launches = launches  # (kernel, launch plan, values with None in the slots, slots); for a torch
         # step: (None, "copy" | "fill", fill value, [(source, offset, view) of the destination, of the source])
         self.source, self.replay = _compile(self)
+        self.native = _native_replay(self)  # the same replay for ge2_native's dispatch, or None
+
+
+def _output_recipes(plan: CallPlan) -> list:
+    """Per output: the index of a tensor input whose layout it has (allocated with empty_like: fewer
+    arguments for torch to parse), else its (shape, stride, dtype, device) for empty_strided."""
+    n_in = len(plan.in_index)
+    return [next((j for j in range(n_in) if plan.in_layouts[j] == layout),
+                 (tuple(layout[0]), tuple(layout[1]), layout[2], layout[3])) for layout in plan.outputs]
+
+
+def _native_replay(plan: CallPlan):
+    """The plan as a ``ge2_native.Replay``, or None where the generated Python must run it: under the
+    interpreter, without the compiled module, or with a launch not packed for ge2's launcher, a TMA
+    descriptor argument, a torch copy or fill, or a result that is a view."""
+    built = native.module()
+    if built is None or runtime.is_interpreter():
+        return None
+    n_in = len(plan.in_index)
+    launches = []
+    for kernel, lp, _template, slots in plan.launches:
+        if kernel is None or lp.packed is None:
+            return None
+        by_position = {at: (src, delta, meta) for at, src, delta, meta in slots}
+        addresses = []
+        for at in lp.packed[2]:
+            src, delta, meta = by_position.get(at, (None, None, True))
+            if meta is not None:
+                return None
+            addresses.append((src, delta))
+        launches.append((lp.packed[1], tuple(addresses)))
+
+    def source(item) -> int | None:
+        kind, value = item
+        return value if kind == "out" else plan.in_index.index(value) if kind == "in" else None
+
+    kind, value = plan.result
+    if kind in ("out", "in"):
+        result = source(plan.result)
+    elif kind in (tuple, list) and all(item[0] in ("out", "in", "const") for item in value):
+        result = (kind is list, tuple((True, source(item)) if item[0] != "const" else (False, item[1])
+                                      for item in value))
+    else:
+        return None
+    try:
+        return built.Replay(tuple(plan.in_index), tuple(_output_recipes(plan)), tuple(launches), result)
+    except ValueError:  # more sources than a Replay holds
+        return None
 
 
 def _compile(plan: CallPlan) -> tuple[str, Callable[[tuple], Any]]:
@@ -208,14 +256,12 @@ def _compile(plan: CallPlan) -> tuple[str, Callable[[tuple], Any]]:
     n_in = len(plan.in_index)
     lines = ["def replay(inputs):"]
     lines += [f"    t{k} = inputs[{i}]" for k, i in enumerate(plan.in_index)]
-    for k, layout in enumerate(plan.outputs, start=n_in):
-        shape, stride, dtype, device = layout
-        like = next((j for j in range(n_in) if plan.in_layouts[j] == layout), None)
-        if like is not None:  # an input's layout, which empty_like keeps: fewer arguments to parse
-            lines.append(f"    t{k} = _empty_like(t{like})")
+    for k, recipe in enumerate(_output_recipes(plan), start=n_in):
+        if type(recipe) is int:
+            lines.append(f"    t{k} = _empty_like(t{recipe})")
         else:
-            lines.append(f"    t{k} = _empty({const(tuple(shape))}, {const(tuple(stride))}, dtype={const(dtype)}, "
-                         f"device={const(device)})")
+            shape, stride, dtype, device = recipe
+            lines.append(f"    t{k} = _empty({const(shape)}, {const(stride)}, dtype={const(dtype)}, device={const(device)})")
     direct = not interpreted and any(kernel is not None and (lp.direct or lp.packed) is not None
                                      for kernel, lp, _, _ in plan.launches)
     if not interpreted:
@@ -466,6 +512,18 @@ def run(op: str, call_key: tuple, fn: Callable[..., Any], inputs: tuple, attrs: 
             PLANS.clear()
         PLANS[call_key] = plan
     return out
+
+
+def native_dispatch(slow: Callable[[str, tuple, dict, tuple | None], Any], registry_globals: dict):
+    """ge2_native's ``call(op, *inputs, **attrs)`` set up to replay this module's plans and to hand
+    other calls to ``slow(op, inputs, attrs, call key or None)``; None where the module cannot be built."""
+    built = native.module()
+    if built is None:
+        return None
+    built.set_dispatch(PLANS, slow, STATS, launch._RECORDERS, launch._RUNTIME_KNOBS, launch._HookChain,
+                       launch._device, launch._stream, torch.empty_like, torch.empty_strided, registry_globals,
+                       globals(), vars(launch), vars(runtime))
+    return built.call
 
 
 def clear() -> None:

@@ -1,7 +1,9 @@
 """The op registry: ``call(op, *inputs, **attrs)`` checks the op's schema, then dispatches.
 
 Repeated calls (same shapes, strides, dtypes, attributes) replay a call plan instead
-(``ge2.backend.call_plans``): no schema check, no launcher Python, only the kernel launches.
+(``ge2.backend.call_plans``): no schema check, no launcher Python, only the kernel launches. ``call``
+is compiled (``ge2/kernels/native.c``) where a C compiler is available, ``python_call`` otherwise;
+both take the same steps.
 
 An implementation is registered for (op, backend, device kind, dtype); the dtype that dispatches
 is the dtype of the op's first tensor input. Two backends exist: "triton" (the product, every op
@@ -70,7 +72,7 @@ def register(
     return deco
 
 
-def call(name: str, *inputs: Any, **attrs: Any) -> Any:
+def python_call(name: str, *inputs: Any, **attrs: Any) -> Any:
     """Validate ``inputs``/``attrs`` against op ``name``'s schema and run the current backend's impl."""
     call_key = None
     if _backend == "triton" and call_plans.ENABLED and launch.ENABLED:
@@ -78,6 +80,11 @@ def call(name: str, *inputs: Any, **attrs: Any) -> Any:
         plan = _PLANS.get(call_key) if call_key is not None else None
         if plan is not None:  # this key passed the schema check before
             return plan.replay(inputs)
+    return _dispatch(name, inputs, attrs, call_key)
+
+
+def _dispatch(name: str, inputs: tuple, attrs: dict, call_key: tuple | None) -> Any:
+    """A call without a plan: check the schema, pick the implementation, run it (recording a plan)."""
     op = _OPS.get(name)
     if op is None:
         raise KeyError(f"ge2 has no op named {name!r}")
@@ -95,6 +102,11 @@ def call(name: str, *inputs: Any, **attrs: Any) -> Any:
     if call_key is not None:
         return call_plans.run(name, call_key, fn, inputs, attrs)
     return fn(*inputs, **attrs)
+
+
+# call(name, *inputs, **attrs): ge2_native's dispatch where it builds (the same steps as python_call,
+# with a recorded plan replayed without Python frames: ge2/kernels/native.c), else python_call.
+call: Callable[..., Any] = call_plans.native_dispatch(_dispatch, globals()) or python_call
 
 
 def ops() -> list[str]:
