@@ -125,30 +125,27 @@ class Function:
                 raw.append(a)
                 needs.append(False)
         needs = tuple(needs)
-        record = True in needs and grad_mode.is_grad_enabled()
         ctx = Context(needs)
         out = cls.forward(ctx, *raw)
-        single = isinstance(out, torch.Tensor)
-        outs = (out,) if single else tuple(out)
-        if record:
-            node = Node(
-                cls,
-                ctx,
-                [a._edge() if need else None for a, need in zip(args, needs)],
-                [(a.shape, a.dtype) if need else None for a, need in zip(args, needs)],
-                len(outs),
-            )
-            ctx._node_name = node.name
-            results = tuple(
-                _Tensor._from_op(o, inputs, None if id(o) in ctx._non_differentiable else node, i)
-                for i, o in enumerate(outs)
-            )
-            ctx._track_versions(inputs + list(results))
-        elif single:
-            return _Tensor._from_op(out, inputs, None, 0)
-        else:
-            results = tuple([_Tensor._from_op(o, inputs, None, i) for i, o in enumerate(outs)])
-        return results[0] if single else results
+        if not (True in needs and grad_mode.is_grad_enabled()):  # nothing to record: plain results
+            if isinstance(out, torch.Tensor):
+                return _wrap(out, inputs)
+            return tuple([_wrap(o, inputs) for o in out])
+        outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+        node = Node(
+            cls,
+            ctx,
+            [a._edge() if need else None for a, need in zip(args, needs)],
+            [(a.shape, a.dtype) if need else None for a, need in zip(args, needs)],
+            len(outs),
+        )
+        ctx._node_name = node.name
+        results = tuple(
+            _Tensor._from_op(o, inputs, None if id(o) in ctx._non_differentiable else node, i)
+            for i, o in enumerate(outs)
+        )
+        ctx._track_versions(inputs + list(results))
+        return results[0] if isinstance(out, torch.Tensor) else results
 
 
-from ge2.autograd.tensor import Tensor as _Tensor  # noqa: E402 (tensor.py imports this module first)
+from ge2.autograd.tensor import Tensor as _Tensor, _wrap  # noqa: E402 (tensor.py imports this module first)

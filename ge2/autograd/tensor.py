@@ -34,22 +34,9 @@ class Tensor:
 
     @classmethod
     def _from_op(cls, data: torch.Tensor, inputs: Sequence["Tensor"], node: Node | None, idx: int) -> "Tensor":
-        t = cls.__new__(cls)
-        t.data, t.grad, t.grad_fn, t._out_idx = data, None, node, idx
-        t._requires_grad = node is not None
-        # A view shares its base's version counter, so writing through either is seen by both.
-        base = data._base
-        if base is None:  # not a view: only an input that is this very tensor or a view of it shares memory
-            for x in inputs:
-                if x.data is data or x.data._base is data:
-                    t._version_counter = x._version_counter
-                    return t
-        else:
-            for x in inputs:
-                if _root(x.data) is base:
-                    t._version_counter = x._version_counter
-                    return t
-        t._version_counter = Version()
+        t = _wrap(data, inputs)
+        if node is not None:
+            t.grad_fn, t._out_idx, t._requires_grad = node, idx, True
         return t
 
     # ---- autograd state --------------------------------------------------------------------
@@ -306,3 +293,26 @@ def parse_to_args(args: tuple, kwargs: dict) -> tuple[Any, torch.dtype | None]:
 
 def _resolve(dev) -> torch.device:
     return runtime.resolve_device(dev)
+
+
+_new_tensor = object.__new__
+
+
+def _wrap(data: torch.Tensor, inputs: Sequence[Tensor]) -> Tensor:
+    """An op's output as a Tensor without a grad_fn, sharing the version counter of the input whose
+    memory it is (the input itself, a view of it, or the base of an input that is a view)."""
+    t = _new_tensor(Tensor)
+    t.data, t.grad, t.grad_fn, t._out_idx, t._requires_grad = data, None, None, 0, False
+    base = data._base
+    if base is None:  # not a view: only an input that is this very tensor or a view of it shares memory
+        for x in inputs:
+            if x.data is data or x.data._base is data:
+                t._version_counter = x._version_counter
+                return t
+    else:
+        for x in inputs:
+            if _root(x.data) is base:
+                t._version_counter = x._version_counter
+                return t
+    t._version_counter = Version()
+    return t

@@ -195,8 +195,8 @@ def _output_recipes(plan: CallPlan) -> list:
 
 def _native_replay(plan: CallPlan):
     """The plan as a ``ge2_native.Replay``, or None where the generated Python must run it: under the
-    interpreter, without the compiled module, or with a launch not packed for ge2's launcher, a TMA
-    descriptor argument, a torch copy or fill, or a result that is a view."""
+    interpreter, without the compiled module, or with a launch not packed for ge2's launcher, a torch
+    copy or fill, or a result that is a view."""
     built = native.module()
     if built is None or runtime.is_interpreter():
         return None
@@ -205,14 +205,10 @@ def _native_replay(plan: CallPlan):
     for kernel, lp, _template, slots in plan.launches:
         if kernel is None or lp.packed is None:
             return None
-        by_position = {at: (src, delta, meta) for at, src, delta, meta in slots}
-        addresses = []
-        for at in lp.packed[2]:
-            src, delta, meta = by_position.get(at, (None, None, True))
-            if meta is not None:
-                return None
-            addresses.append((src, delta))
-        launches.append((lp.packed[1], tuple(addresses)))
+        by_position = {at: (src, delta) for at, src, delta, _ in slots}  # a TMA descriptor's: its base
+        if any(at not in by_position for at in lp.packed[2]):
+            return None
+        launches.append((lp.packed[1], tuple(by_position[at] for at in lp.packed[2])))
 
     def source(item) -> int | None:
         kind, value = item
@@ -292,9 +288,11 @@ def _compile(plan: CallPlan) -> tuple[str, Callable[[tuple], Any]]:
         k, p = const(kernel), const(lp)
         if lp.packed is not None and not interpreted:
             # ge2's launcher (the launch plan's packed parameters: the same values, the key saw to
-            # it), the addresses in argument order; if it cannot (no hooks, no CUDA context), the plan
+            # it), the addresses in argument order (a TMA descriptor's: its base; the launch re-aims
+            # the tensor map encoded at record time); if it cannot (hooks, no CUDA context), the plan
             entry, packed, positions = lp.packed
-            addresses = ", ".join(args[at] for at in positions)
+            bases = {at: f"p{src} + {delta}" if delta else f"p{src}" for at, src, delta, _ in slots}
+            addresses = ", ".join(bases[at] for at in positions)
             lines.append(f"    if not (fast and {const(entry)}({const(packed)}, stream, {addresses})):")
             lines.append(f"        _replay({k}, {p}, [{', '.join(args)}])")
         elif lp.direct is not None and not interpreted:

@@ -39,6 +39,7 @@ import triton.language as tl
 
 from ge2 import runtime
 from ge2.kernels import activations
+from ge2.kernels.native import CU_TENSOR_MAP_DATA_TYPE_TFLOAT32
 from ge2.kernels.activations import act_fwd, act_grad_from_y, act_grad_from_z
 
 BIAS_KINDS: dict[str, int] = {"none": 0, "scalar": 1, "per_m": 2, "per_n": 3}
@@ -340,7 +341,6 @@ TMA_CONFIGS_FP32 = [  # an fp32 tile's epilogue buffer is 2x a 16-bit one's: spl
 # TensorDescriptor(..., round_f32_to_tf32=True); Triton 3.6's launcher always encodes the element
 # type the kernel was compiled for, so ``_tma_rounding`` teaches it the same flag (the same
 # substitution as upstream's: element type 11, CU_TENSOR_MAP_DATA_TYPE_TFLOAT32).
-_CU_TENSOR_MAP_DATA_TYPE_TFLOAT32 = 11
 _TMA_ROUNDING: list = []  # [descriptor class taking round_f32_to_tf32] once probed; [None] if unsupported
 
 
@@ -362,14 +362,14 @@ def _tma_rounding():
             host_type = driver.TMA_DTYPE_DEVICE_TO_HOST
         except (ImportError, AttributeError):
             encode = host_type = None
-        if encode is not None and host_type.get(_CU_TENSOR_MAP_DATA_TYPE_TFLOAT32) == _CU_TENSOR_MAP_DATA_TYPE_TFLOAT32:
+        if encode is not None and host_type.get(CU_TENSOR_MAP_DATA_TYPE_TFLOAT32) == CU_TENSOR_MAP_DATA_TYPE_TFLOAT32:
             @dataclasses.dataclass
             class RoundingTensorDescriptor(TensorDescriptor):
                 round_f32_to_tf32: bool = False
 
             def make_tensordesc_arg(arg, metadata):
                 if metadata is not None and getattr(arg, "round_f32_to_tf32", False):
-                    metadata = {**metadata, "elem_type": _CU_TENSOR_MAP_DATA_TYPE_TFLOAT32}
+                    metadata = {**metadata, "elem_type": CU_TENSOR_MAP_DATA_TYPE_TFLOAT32}
                 return encode(arg, metadata)
 
             driver.make_tensordesc_arg = make_tensordesc_arg  # looked up per launch by the launcher

@@ -69,7 +69,7 @@ def _spec(value: Any) -> Any:
     base = getattr(value, "base", None)
     if isinstance(base, torch.Tensor):  # a TMA TensorDescriptor: the launcher encodes it per launch
         return (kind, base.dtype, base.data_ptr() & 15 == 0, tuple(value.shape), tuple(value.strides),
-                tuple(value.block_shape))
+                tuple(value.block_shape), getattr(value, "padding", "zero"), getattr(value, "round_f32_to_tf32", False))
     return kind, value
 
 
@@ -151,10 +151,9 @@ class _PlannedJIT(_PlannedLaunch):
         packed = plan.packed
         if packed is not None and _no_hooks():
             entry, launch, positions = packed
-            # addresses of the tensors (or the addresses a call plan passes); a tensor off the GPU is
-            # left to Triton's launcher, which rejects it with a clear error
-            addresses = [v if type(v) is int else v.data_ptr() if v.is_cuda else None
-                         for v in map(values.__getitem__, positions)]
+            # addresses of the tensors and of TMA descriptors' bases (or the addresses a call plan
+            # passes); a tensor off the GPU is left to Triton's launcher, which rejects it clearly
+            addresses = [v if type(v) is int else _address(v) for v in map(values.__getitem__, positions)]
             if None not in addresses and entry(launch, _stream(_device()), *addresses):
                 return plan.kernel
         direct = plan.direct
@@ -171,6 +170,12 @@ class _PlannedJIT(_PlannedLaunch):
         kernel.run(plan.grid[0], plan.grid[1], plan.grid[2], stream, kernel.function, kernel.packed_metadata,
                    metadata, enter, leave, *values)
         return kernel
+
+
+def _address(value) -> int | None:
+    """The device address a packed launch takes for a tensor or TMA descriptor argument (None off the GPU)."""
+    t = value if isinstance(value, torch.Tensor) else value.base
+    return t.data_ptr() if t.is_cuda else None
 
 
 def _direct(kernel, grid: tuple) -> tuple | None:

@@ -25,9 +25,15 @@
 typedef CUresult (*launch_ex_t)(const CUlaunchConfig *, CUfunction, void **, void **);
 typedef CUresult (*ctx_get_t)(CUcontext *);
 typedef CUresult (*error_string_t)(CUresult, const char **);
+typedef CUresult (*encode_tiled_t)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                   const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+typedef CUresult (*replace_address_t)(CUtensorMap *, void *);
 static launch_ex_t launch_ex = NULL;
 static ctx_get_t ctx_get_current = NULL;
 static error_string_t error_string = NULL;
+static encode_tiled_t encode_tiled = NULL;         // NULL on drivers without TMA: Launch refuses tensor maps
+static replace_address_t replace_address = NULL;
 
 static int open_libcuda(void) {
   if (launch_ex != NULL) return 0;
@@ -39,6 +45,8 @@ static int open_libcuda(void) {
   ctx_get_current = (ctx_get_t)dlsym(cuda, "cuCtxGetCurrent");
   error_string = (error_string_t)dlsym(cuda, "cuGetErrorString");
   launch_ex = (launch_ex_t)dlsym(cuda, "cuLaunchKernelEx");
+  encode_tiled = (encode_tiled_t)dlsym(cuda, "cuTensorMapEncodeTiled");
+  replace_address = (replace_address_t)dlsym(cuda, "cuTensorMapReplaceAddress");
   if (!launch_ex || !ctx_get_current || !error_string) {
     launch_ex = NULL;
     PyErr_SetString(PyExc_RuntimeError, "ge2_native: libcuda.so.1 lacks cuLaunchKernelEx");
@@ -57,26 +65,71 @@ typedef struct {
   Py_ssize_t n_params, n_slots, storage_size;
   Py_ssize_t param_offsets[MAX_PARAMS];
   Py_ssize_t *slots;
+  char *slot_is_map;  // slot i holds a CUtensorMap (its global address replaced per call), else an address
   char *storage;
 } Launch;
 
 static void Launch_dealloc(Launch *self) {
   PyMem_Free(self->slots);
+  PyMem_Free(self->slot_is_map);
   PyMem_Free(self->storage);
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+// Encodes the tensor map of a TMA descriptor argument into `map`, as Triton's launcher does per launch
+// (driver.c fillTMADescriptor): spec = (address, swizzle, element bytes, CUtensorMapDataType,
+// block shape, shape, strides in elements, NaN padding?), shapes outermost first. 0, or -1 (error set).
+static int encode_map(CUtensorMap *map, PyObject *spec) {
+  unsigned long long address;
+  int swizzle, elem_size, elem_type, nan_padding;
+  PyObject *block, *shape, *strides;
+  if (!PyArg_ParseTuple(spec, "KiiiO!O!O!p", &address, &swizzle, &elem_size, &elem_type, &PyTuple_Type, &block,
+                        &PyTuple_Type, &shape, &PyTuple_Type, &strides, &nan_padding))
+    return -1;
+  Py_ssize_t rank = PyTuple_GET_SIZE(block);
+  if (encode_tiled == NULL || replace_address == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "ge2_native: this driver has no cuTensorMapEncodeTiled/ReplaceAddress");
+    return -1;
+  }
+  if (rank < 1 || rank > 5 || PyTuple_GET_SIZE(shape) != rank || PyTuple_GET_SIZE(strides) != rank) {
+    PyErr_SetString(PyExc_ValueError, "Launch: a tensor map of rank 1-5 with a shape and a stride per dimension");
+    return -1;
+  }
+  cuuint32_t box[5], element_strides[5] = {1, 1, 1, 1, 1};
+  cuuint64_t dims[5], byte_strides[5];
+  for (Py_ssize_t i = 0; i < rank; i++) {  // the driver's order is innermost first
+    box[rank - 1 - i] = (cuuint32_t)PyLong_AsUnsignedLong(PyTuple_GET_ITEM(block, i));
+    dims[rank - 1 - i] = (cuuint64_t)PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(shape, i));
+    if (i + 1 < rank)
+      byte_strides[rank - 2 - i] = (cuuint64_t)elem_size * PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(strides, i));
+  }
+  if (PyErr_Occurred()) return -1;
+  CUresult status = encode_tiled(map, (CUtensorMapDataType)elem_type, (cuuint32_t)rank, (void *)(uintptr_t)address,
+                                 dims, byte_strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 (CUtensorMapSwizzle)swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                 nan_padding ? CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA
+                                             : CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (status != CUDA_SUCCESS) {
+    const char *message = "unknown error";
+    error_string(status, &message);
+    PyErr_Format(PyExc_RuntimeError, "ge2_native: cuTensorMapEncodeTiled failed: %s", message);
+    return -1;
+  }
+  return 0;
+}
+
 // Launch(function, (grid x, y, z), threads per block, shared bytes, cooperative, pdl,
-//        storage: bytes, param offsets: tuple, slot offsets: tuple)
+//        storage: bytes, param offsets: tuple, slot offsets: tuple, maps: tuple = ())
+// maps: (slot index, encode_map spec) per slot that holds a tensor map (at a 128-byte aligned offset).
 static int Launch_init(Launch *self, PyObject *args, PyObject *kwargs) {
   unsigned long long function;
-  PyObject *offsets, *slots;
+  PyObject *offsets, *slots, *maps = NULL;
   const char *storage;
   Py_ssize_t storage_size;
   if (open_libcuda() < 0) return -1;
-  if (!PyArg_ParseTuple(args, "K(III)IIppy#O!O!", &function, &self->grid[0], &self->grid[1], &self->grid[2],
+  if (!PyArg_ParseTuple(args, "K(III)IIppy#O!O!|O!", &function, &self->grid[0], &self->grid[1], &self->grid[2],
                         &self->block, &self->shared, &self->cooperative, &self->pdl, &storage, &storage_size,
-                        &PyTuple_Type, &offsets, &PyTuple_Type, &slots))
+                        &PyTuple_Type, &offsets, &PyTuple_Type, &slots, &PyTuple_Type, &maps))
     return -1;
   self->function = (CUfunction)(uintptr_t)function;
   self->n_params = PyTuple_GET_SIZE(offsets);
@@ -88,9 +141,11 @@ static int Launch_init(Launch *self, PyObject *args, PyObject *kwargs) {
   }
   PyMem_Free(self->storage);
   PyMem_Free(self->slots);
+  PyMem_Free(self->slot_is_map);
   self->storage = PyMem_Malloc(storage_size ? storage_size : 1);
   self->slots = PyMem_Malloc(sizeof(Py_ssize_t) * (self->n_slots ? self->n_slots : 1));
-  if (!self->storage || !self->slots) {
+  self->slot_is_map = PyMem_Calloc(self->n_slots ? self->n_slots : 1, 1);
+  if (!self->storage || !self->slots || !self->slot_is_map) {
     PyErr_NoMemory();
     return -1;
   }
@@ -103,6 +158,20 @@ static int Launch_init(Launch *self, PyObject *args, PyObject *kwargs) {
   for (Py_ssize_t i = 0; i < self->n_slots; i++) {
     self->slots[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(slots, i));
     if (self->slots[i] < 0 || self->slots[i] + 8 > storage_size) goto bad_offset;
+  }
+  for (Py_ssize_t m = 0; maps != NULL && m < PyTuple_GET_SIZE(maps); m++) {
+    PyObject *entry = PyTuple_GET_ITEM(maps, m);
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2 || !PyTuple_Check(PyTuple_GET_ITEM(entry, 1))) {
+      PyErr_SetString(PyExc_TypeError, "Launch: maps are (slot index, spec) pairs");
+      return -1;
+    }
+    Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(entry, 0));
+    if (i < 0 || i >= self->n_slots || self->slots[i] % 128 || self->slots[i] + (Py_ssize_t)sizeof(CUtensorMap) > storage_size)
+      goto bad_offset;
+    _Alignas(128) CUtensorMap map;
+    if (encode_map(&map, PyTuple_GET_ITEM(entry, 1)) < 0) return -1;
+    memcpy(self->storage + self->slots[i], &map, sizeof(CUtensorMap));
+    self->slot_is_map[i] = 1;
   }
   return 0;
 bad_offset:
@@ -124,10 +193,19 @@ static PyTypeObject LaunchType = {
 // (this thread never touched CUDA: the caller takes Triton's launcher instead), -1 error (set).
 static int launch_addresses(Launch *plan, CUstream stream, const uint64_t *addresses) {
   // A copy of the block per call: another thread may launch the same plan while the GIL is released.
-  _Alignas(16) char storage[MAX_STORAGE];
+  _Alignas(128) char storage[MAX_STORAGE];
   void *params[MAX_PARAMS];
   memcpy(storage, plan->storage, plan->storage_size);
-  for (Py_ssize_t i = 0; i < plan->n_slots; i++) memcpy(storage + plan->slots[i], &addresses[i], 8);
+  for (Py_ssize_t i = 0; i < plan->n_slots; i++) {
+    if (!plan->slot_is_map[i]) {
+      memcpy(storage + plan->slots[i], &addresses[i], 8);
+    } else if (replace_address((CUtensorMap *)(storage + plan->slots[i]), (void *)(uintptr_t)addresses[i]) !=
+               CUDA_SUCCESS) {  // the address is not 16-byte aligned
+      PyErr_Format(PyExc_ValueError, "ge2_native: a TMA descriptor's base address 0x%llx is not 16-byte aligned",
+                   (unsigned long long)addresses[i]);
+      return -1;
+    }
+  }
   for (Py_ssize_t i = 0; i < plan->n_params; i++) params[i] = storage + plan->param_offsets[i];
 
   CUcontext context = NULL;

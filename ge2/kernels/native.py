@@ -29,8 +29,11 @@ ENABLED: bool = os.environ.get("GE2_NATIVE", "1") not in ("", "0")
 # call plans keep Triton's launcher.
 LAUNCH_TRITON_VERSIONS = ("3.6.",)
 _PACK = {"i1": "b", "i8": "b", "i16": "h", "i32": "i", "i64": "q", "u1": "B", "u8": "B", "u16": "H", "u32": "I",
-         "u64": "Q", "fp32": "f", "f32": "f", "fp64": "d"}
+         "u64": "Q", "fp32": "f", "f32": "f", "fp64": "d"}  # struct formats of Triton's scalar types
 _module: Any = None  # the built module; False where it cannot be built
+# CUDA's CUtensorMapDataType for fp32 read as tf32 (TMA rounds on load): descriptors made with
+# ``round_f32_to_tf32=True`` (ge2.kernels.gemm._tma_rounding) are encoded with it
+CU_TENSOR_MAP_DATA_TYPE_TFLOAT32 = 11
 
 
 def module():
@@ -65,15 +68,34 @@ def needs_triton_launcher(launcher) -> bool:
     return bool(launcher.global_scratch_size or launcher.profile_scratch_size or getattr(launcher, "num_ctas", 1) != 1)
 
 
+def _tensor_map(value, meta: dict | None) -> tuple | None:
+    """A TMA descriptor argument as ``Launch``'s tensor-map spec plus the shape and strides Triton passes
+    after the map (its ``make_tensordesc_arg``), or None where this packer does not reproduce it."""
+    base = getattr(value, "base", None)
+    if meta is None or not isinstance(base, torch.Tensor) or list(value.strides)[-1:] != [1]:
+        return None
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+
+    shape, strides = [int(v) for v in value.shape], [int(v) for v in value.strides]
+    if meta["fp4_padded"]:
+        shape[-1] *= 2
+    elem_type = CU_TENSOR_MAP_DATA_TYPE_TFLOAT32 if getattr(value, "round_f32_to_tf32", False) else meta["elem_type"]
+    spec = (base.data_ptr(), int(meta["swizzle"]), int(meta["elem_size"]), int(TMA_DTYPE_DEVICE_TO_HOST[elem_type]),
+            tuple(int(v) for v in meta["block_size"]), tuple(shape), tuple(strides), value.padding == "nan")
+    return spec, shape, strides
+
+
 def packed_launch(kernel, grid: tuple, values: list, slots: list[int]) -> tuple[Callable, Any] | None:
     """(launch, packed) for one launch of ``kernel`` (a compiled Triton kernel) over ``grid`` with these
     argument values, the arguments at positions ``slots`` being device addresses passed per call in
     position order: ``launch(packed, stream, *addresses)`` launches, and returns False (nothing
-    launched) on a thread without a CUDA context.
+    launched) on a thread without a CUDA context. A TMA descriptor argument becomes a tensor map
+    encoded here whose global address is the one passed per call (its base tensor's).
 
-    None when the kernel has an argument this packer does not lay out (TMA descriptors, 16-bit float
-    scalars), needs what only Triton's launcher provides (scratch memory, clusters), runs under a
-    Triton whose layout is not reproduced here, or the module cannot be built.
+    None when the kernel has an argument this packer does not lay out (16-bit float scalars, a
+    descriptor the kernel reads without TMA), needs what only Triton's launcher provides (scratch
+    memory, clusters), runs under a Triton whose layout is not reproduced here, or the module cannot
+    be built.
     """
     if not triton.__version__.startswith(LAUNCH_TRITON_VERSIONS) or (built := module()) is None:
         return None
@@ -83,6 +105,7 @@ def packed_launch(kernel, grid: tuple, values: list, slots: list[int]) -> tuple[
     signature = list(getattr(kernel.src, "signature", {}).values())
     if len(signature) != len(values):
         return None
+    map_metas = list(getattr(kernel.metadata, "tensordesc_meta", None) or [])
     flat: list[tuple[str, Any, bool]] = []  # (type, value, an address passed per call?), tuples flattened
 
     def flatten(kind, value, slot: bool) -> bool:
@@ -95,28 +118,43 @@ def packed_launch(kernel, grid: tuple, values: list, slots: list[int]) -> tuple[
 
     if not all(flatten(kind, value, at in slots) for at, (kind, value) in enumerate(zip(signature, values))):
         return None
-    storage, offsets, addresses = bytearray(), [], []
+    storage, offsets, addresses, maps = bytearray(), [], [], []
+
+    def scalar(kind: str, value) -> bool:
+        offsets.append(len(storage))
+        try:
+            storage.extend(struct.pack(_PACK[kind], value))
+        except (KeyError, struct.error):  # an unknown type, or out of its range: Triton would not type it so
+            return False
+        storage.extend(bytes(-len(storage) % 8))  # each parameter 8-byte aligned
+        return True
+
     for kind, value, slot in flat:
-        offsets.append(len(storage))
-        if slot:
-            if not kind.startswith("*"):
+        if kind.startswith("tensordesc"):
+            if not slot or not map_metas or (tensor_map := _tensor_map(value, map_metas.pop(0))) is None:
                 return None
+            spec, shape, strides = tensor_map
+            storage.extend(bytes(-len(storage) % 128))  # a CUtensorMap is 128-byte aligned
+            offsets.append(len(storage))
+            maps.append((len(addresses), spec))
             addresses.append(len(storage))
-            value = 0
-        if kind.startswith("*") and type(value) is int:
-            storage += struct.pack("Q", value)
-        elif kind in _PACK and type(value) in (int, bool, float):
-            try:
-                storage += struct.pack(_PACK[kind], value)
-            except struct.error:  # out of the type's range: Triton would not have typed it so
+            storage.extend(bytes(128))
+            if not all(scalar("i32", v) for v in shape) or not all(scalar("i64", v) for v in strides):
                 return None
-        else:
+        elif slot or (kind.startswith("*") and type(value) is int):
+            if not kind.startswith("*") or (not slot and type(value) is not int):
+                return None
+            if slot:
+                addresses.append(len(storage))
+            if not scalar("u64", 0 if slot else value):
+                return None
+        elif type(value) not in (int, bool, float) or not scalar(kind, value):
             return None
-        storage += bytes(-len(storage) % 8)  # each parameter 8-byte aligned
+    if map_metas:  # descriptors Triton lowered that this packer did not meet
+        return None
     for _ in range(2):  # the global and profile scratch addresses Triton appends (none here)
-        offsets.append(len(storage))
-        storage += bytes(8)
+        scalar("u64", 0)
     packed = built.Launch(kernel.function, tuple(grid), 32 * kernel.metadata.num_warps, kernel.metadata.shared,
                           bool(launcher.launch_cooperative_grid), bool(launcher.launch_pdl), bytes(storage),
-                          tuple(offsets), tuple(addresses))
+                          tuple(offsets), tuple(addresses), tuple(maps))
     return built.launch, packed
