@@ -301,7 +301,7 @@ def test_compiled_dispatch_returns_what_the_python_replay_returns():
     plan = _native_plan("gemm", a, w, None, b, **attrs)
     assert plan.native is not None, plan.source
     if torch.cuda.get_device_capability()[0] >= 9:  # the launch's tensor maps are re-aimed per call
-        kinds = [str(kind) for kernel, *_ in plan.launches for kind in kernel.src.signature.values()]
+        kinds = [str(kind) for _, lp, *_ in plan.launches for kind in lp.kernel.src.signature.values()]
         assert any(kind.startswith("tensordesc") for kind in kinds), kinds
     a, w, b = randn(33, 40), randn(24, 40), randn(24)
     python = plan.replay((a, w, None, b))

@@ -125,9 +125,12 @@ class Function:
                 raw.append(a)
                 needs.append(False)
         needs = tuple(needs)
-        ctx = Context(needs)
+        record = True in needs and grad_mode.is_grad_enabled()
+        # Nothing recorded (no_grad, or no input needs a gradient): the forward is told so, and skips
+        # what only a backward would use (saved tensors, gradients computed alongside the output).
+        ctx = Context(needs if record else (False,) * len(needs))
         out = cls.forward(ctx, *raw)
-        if not (True in needs and grad_mode.is_grad_enabled()):  # nothing to record: plain results
+        if not record:
             if isinstance(out, torch.Tensor):
                 return _wrap(out, inputs)
             return tuple([_wrap(o, inputs) for o in out])

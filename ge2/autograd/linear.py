@@ -19,15 +19,17 @@ class Linear(Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, act, act_alpha):
-        lead = x.shape[:-1]
-        x2 = x if len(lead) == 1 else x.reshape(-1, x.shape[-1])
+        flat = x.dim() == 2
+        x2 = x if flat else x.reshape(-1, x.shape[-1])
         bias_kind = "per_n" if bias is not None else "none"
-        from_z = activations.needs_z(activations.act_code("linear", act, act_alpha))
+        save = True in ctx.needs_input_grad[:3]
+        from_z = save and activations.needs_z(activations.act_code("linear", act, act_alpha))
         y, z = call("gemm", x2, weight, None, bias, trans_b=True, bias_kind=bias_kind, act=act,
-                    act_alpha=act_alpha, save_z=from_z and True in ctx.needs_input_grad[:3])
-        ctx.save_for_backward(x2, weight, z if from_z else y)
-        ctx.lead, ctx.bias_kind, ctx.act, ctx.act_alpha, ctx.from_z = lead, bias_kind, act, act_alpha, from_z
-        return y if len(lead) == 1 else y.reshape(*lead, weight.shape[0])
+                    act_alpha=act_alpha, save_z=from_z)
+        if save:
+            ctx.save_for_backward(x2, weight, z if from_z else y)
+            ctx.lead, ctx.bias_kind, ctx.act, ctx.act_alpha, ctx.from_z = x.shape[:-1], bias_kind, act, act_alpha, from_z
+        return y if flat else y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, gy):
