@@ -290,44 +290,50 @@ def test_native_launches_run_on_the_current_stream_and_in_new_threads():
 
 
 @gpu
-def test_compiled_dispatch_returns_what_the_python_replay_returns():
-    """A plan with several outputs (a fused GEMM's tuple, its kernel reading TMA descriptors on Hopper)
-    replayed by the compiled dispatch: the same structure and values as the plan's Python replay and
-    the full path; a launch hook sends calls to Python."""
+@pytest.mark.parametrize("precision", ["tf32x3", "tf32"])
+def test_compiled_dispatch_returns_what_the_python_replay_returns(precision):
+    """A plan with several outputs (a fused GEMM's tuple; on Hopper its kernel reads TMA descriptors,
+    encoded as tf32 with "tf32") replayed by the compiled dispatch: the same structure and bits as
+    the plan's Python replay (Triton's launcher); a launch hook sends the call to Python."""
     if registry.call is registry.python_call:
         pytest.skip("ge2_native cannot be built here")
-    a, w, b = randn(33, 40), randn(24, 40), randn(24)
-    attrs = dict(trans_b=True, bias_kind="per_n", act="gelu", save_z=True)
-    plan = _native_plan("gemm", a, w, None, b, **attrs)
-    assert plan.native is not None, plan.source
-    if torch.cuda.get_device_capability()[0] >= 9:  # the launch's tensor maps are re-aimed per call
-        kinds = [str(kind) for _, lp, *_ in plan.launches for kind in lp.kernel.src.signature.values()]
-        assert any(kind.startswith("tensordesc") for kind in kinds), kinds
-    a, w, b = randn(33, 40), randn(24, 40), randn(24)
-    python = plan.replay((a, w, None, b))
-    z = a.double() @ w.double().T + b.double()
-    torch.testing.assert_close(python[1], z.float(), rtol=1e-4, atol=1e-4)
-    got = []
-    assert _native_runs(lambda: got.append(registry.call("gemm", a, w, None, b, **attrs))) == 1
-    assert type(got[0]) is type(python) and len(got[0]) == len(python)
-    for mine, theirs in zip(got[0], python):
-        assert (mine is None) == (theirs is None)
-        if mine is not None:
-            torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
-            assert mine.data_ptr() != theirs.data_ptr()  # fresh outputs each call
-    from triton import knobs
-
-    seen = []
-
-    def hook(metadata):
-        seen.append(metadata)
-
-    knobs.runtime.launch_enter_hook.add(hook)
+    old = ge2.set_matmul_precision(precision)
     try:
-        assert _native_runs(lambda: registry.call("gemm", a, w, None, b, **attrs)) == 0
+        a, w, b = randn(257, 264), randn(256, 264), randn(256)  # M*N*K past gemm.SMALL_PROBLEM: TMA
+        attrs = dict(trans_b=True, bias_kind="per_n", act="gelu", save_z=True)
+        plan = _native_plan("gemm", a, w, None, b, **attrs)
+        assert plan.native is not None, plan.source
+        if torch.cuda.get_device_capability()[0] >= 9:  # the launch's tensor maps are re-aimed per call
+            kinds = [str(kind) for _, lp, *_ in plan.launches for kind in lp.kernel.src.signature.values()]
+            assert any(kind.startswith("tensordesc") for kind in kinds), kinds
+        a, w, b = randn(257, 264), randn(256, 264), randn(256)
+        python = plan.replay((a, w, None, b))
+        if precision == "tf32x3":
+            z = a.double() @ w.double().T + b.double()
+            torch.testing.assert_close(python[1], z.float(), rtol=1e-4, atol=1e-4)
+        got = []
+        assert _native_runs(lambda: got.append(registry.call("gemm", a, w, None, b, **attrs))) == 1
+        assert type(got[0]) is type(python) and len(got[0]) == len(python)
+        for mine, theirs in zip(got[0], python):
+            assert (mine is None) == (theirs is None)
+            if mine is not None:
+                torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
+                assert mine.data_ptr() != theirs.data_ptr()  # fresh outputs each call
+        from triton import knobs
+
+        seen = []
+
+        def hook(metadata):
+            seen.append(metadata)
+
+        knobs.runtime.launch_enter_hook.add(hook)
+        try:
+            assert _native_runs(lambda: registry.call("gemm", a, w, None, b, **attrs)) == 0
+        finally:
+            knobs.runtime.launch_enter_hook.remove(hook)
+        assert seen, "the hook did not see the launch the Python replay made"
     finally:
-        knobs.runtime.launch_enter_hook.remove(hook)
-    assert seen, "the hook did not see the launch the Python replay made"
+        ge2.set_matmul_precision(old)
 
 
 def test_the_compiled_dispatch_and_python_call_agree():
