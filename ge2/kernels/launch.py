@@ -141,9 +141,10 @@ class _PlannedJIT(_PlannedLaunch):
         binder = self.device_caches[driver.active.get_current_device()][4]
         bound, _, _ = binder(*args, **kwargs)
         names, values = list(bound), list(bound.values())
+        recorded = list(values)  # the packer encodes TMA descriptors' tensor maps from this call's
         slots = self._slots(names, values, kwargs)
         positions = [at for at, _ in slots]
-        packed = native.packed_launch(kernel, grid, values, positions)
+        packed = native.packed_launch(kernel, grid, recorded, positions)
         return _Plan(kernel, grid, values, slots, None, _direct(kernel, grid),
                      None if packed is None else (*packed, positions))
 
