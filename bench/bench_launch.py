@@ -5,7 +5,8 @@ kernels; the host loop is what is timed), after a warm-up that compiles and tune
 and torch take turns over 15 rounds and each reports its median (``harness.host_us_interleaved``).
 Cases: a tiny elementwise add (through autograd, and as a bare registry call that replays its call
 plan, through the compiled dispatch and through the registry's Python entry), the bare
-compiled-kernel launch for scale, a tiny Linear+relu forward, and its
+compiled-kernel launch for scale, a
+512x784x1024 GEMM with bias and relu (TMA on Hopper) against torch's addmm, a tiny Linear+relu forward, and its
 forward+backward. Writes
 bench/results/launch.json. On the interpreter the numbers include running the kernels and mean
 nothing; run on a GPU.
@@ -41,6 +42,11 @@ def main() -> None:
     def torch_fwd_bwd():
         torch.relu(torch.nn.functional.linear(xt, wr, br)).sum().backward()
 
+    # a GEMM past gemm.SMALL_PROBLEM: on Hopper its plan launches TMA descriptors (tensor maps re-aimed per call)
+    m, k, n_out = (512, 784, 1024) if torch.cuda.is_available() else (8, 16, 8)
+    xa, wa, ba = (torch.randn(m, k, device=dev), torch.randn(n_out, k, device=dev) * 0.03,
+                  torch.randn(n_out, device=dev))
+    gemm_attrs = dict(trans_b=True, bias_kind="per_n", act="relu", act_alpha=0.01, save_z=False)
     yt = torch.randn(64, 128, device=dev)
     y = ge2.from_torch(yt)
     from ge2.backend import call_plans, registry
@@ -53,6 +59,8 @@ def main() -> None:
         "registry add (call plan)": (lambda: registry.call("add", xt, yt), lambda: xt + yt),
         # the same replay through the registry's Python entry instead of ge2_native's dispatch
         "registry add, python_call": (lambda: registry.python_call("add", xt, yt), lambda: xt + yt),
+        "registry gemm 512x784x1024 +b relu": (lambda: registry.call("gemm", xa, wa, None, ba, **gemm_attrs),
+                                               lambda: torch.addmm(ba, xa, wa.t())),
         "compiled kernel launch, bare": (lambda: runner(xt, yt, out, 64 * 128, 1024), lambda: xt + yt),
         "linear+relu fwd 64x128->64": (lambda: F.linear(x, w, b, activation="relu"),
                                         lambda: torch.relu(torch.nn.functional.linear(xt, wt, bt))),
@@ -68,7 +76,7 @@ def main() -> None:
     print(f"{'case':30} {'ge2 us':>9} {'torch us':>9} {'ge2/torch':>9}")
     for name, (g, t) in cases.items():
         with ge2.no_grad() if "bwd" not in name else ge2.enable_grad():
-            gu, tu = host_us_interleaved([g, t], n if "bwd" not in name else n // 4, warmup=50)
+            gu, tu = host_us_interleaved([g, t], n if "bwd" not in name else max(1, n // 4), warmup=50)
         rows.append({"case": name, "ge2_us": gu, "torch_us": tu, "ratio": gu / tu})
         print(f"{name:30} {gu:9.1f} {tu:9.1f} {gu / tu:9.2f}")
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
