@@ -755,8 +755,12 @@ static PyObject *dispatch_call(PyObject *self, PyObject *const *args, size_t nar
   PyObject *tuple = tuple_of(inputs, n), *attrs = tuple ? PyDict_New() : NULL;
   if (attrs != NULL) {
     Py_ssize_t n_kw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    for (Py_ssize_t i = 0; i < n_kw; i++)
-      if (PyDict_SetItem(attrs, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) < 0) Py_CLEAR(attrs);
+    for (Py_ssize_t i = 0; i < n_kw; i++) {
+      if (PyDict_SetItem(attrs, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) < 0) {
+        Py_CLEAR(attrs);
+        break;
+      }
+    }
     if (attrs != NULL) {
       PyObject *argv[4] = {args[0], tuple, attrs, key};
       result = PyObject_Vectorcall(d_slow, argv, 4, NULL);
