@@ -93,14 +93,9 @@ def python_key(op: str, precision: str, inputs: tuple, attrs: dict) -> tuple | N
     return tuple(parts)
 
 
-def _first_key(op: str, precision: str, inputs: tuple, attrs: dict) -> tuple | None:
-    global compute_key
-    compute_key = native.call_key() or python_key
-    return compute_key(op, precision, inputs, attrs)
-
-
-# (op, precision, inputs, attrs) -> call key: ge2_native's once built (on the first call), else python_key
-compute_key: Callable[[str, str, tuple, dict], tuple | None] = _first_key
+# (op, precision, inputs, attrs) -> call key: ge2_native's where the module builds (the registry's
+# entry is built from the same module at import), else python_key
+compute_key: Callable[[str, str, tuple, dict], tuple | None] = native.call_key() or python_key
 
 
 class _Watch(TorchDispatchMode):
@@ -200,7 +195,6 @@ def _native_replay(plan: CallPlan):
     built = native.module()
     if built is None or runtime.is_interpreter():
         return None
-    n_in = len(plan.in_index)
     launches = []
     for kernel, lp, _template, slots in plan.launches:
         if kernel is None or lp.packed is None:
@@ -289,7 +283,8 @@ def _compile(plan: CallPlan) -> tuple[str, Callable[[tuple], Any]]:
         if lp.packed is not None and not interpreted:
             # ge2's launcher (the launch plan's packed parameters: the same values, the key saw to
             # it), the addresses in argument order (a TMA descriptor's: its base; the launch re-aims
-            # the tensor map encoded at record time); if it cannot (hooks, no CUDA context), the plan
+            # the tensor map encoded at record time); if it cannot (hooks, no CUDA context), Triton's
+            # launcher through launch.replay
             entry, packed, positions = lp.packed
             bases = {at: f"p{src} + {delta}" if delta else f"p{src}" for at, src, delta, _ in slots}
             addresses = ", ".join(bases[at] for at in positions)

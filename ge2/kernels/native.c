@@ -405,7 +405,7 @@ static PyObject *call_key(PyObject *self, PyObject *const *args, Py_ssize_t narg
 // Sources are the tensor inputs (0 .. n_in-1), then the outputs.
 typedef struct {
   PyObject_HEAD
-  Py_ssize_t n_in, n_out, n_launch, n_addresses;
+  Py_ssize_t n_in, n_out, n_launch;
   Py_ssize_t in_index[MAX_SOURCES];  // position of tensor input k among the call's inputs
   Py_ssize_t out_like[MAX_SOURCES];  // output j: empty_like(source out_like[j]), or -1: empty_strided(out_args[j])
   PyObject *out_args;                // per output: None or (shape, stride, dtype, device)
@@ -496,7 +496,6 @@ static int Replay_init(Replay *self, PyObject *args, PyObject *kwargs) {
     }
   }
   self->first[self->n_launch] = at;
-  self->n_addresses = at;
   if (PyLong_Check(result)) {
     Py_ssize_t k = PyLong_AsSsize_t(result);
     if (k < 0 || k >= n_sources) goto bad;
