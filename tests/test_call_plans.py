@@ -332,6 +332,16 @@ def test_compiled_dispatch_returns_what_the_python_replay_returns(precision):
         finally:
             knobs.runtime.launch_enter_hook.remove(hook)
         assert seen, "the hook did not see the launch the Python replay made"
+        # while an outer op records, the plan replays in Python and its launch reads the descriptors'
+        # addresses (call_plans._Descriptor) for ge2's packed launcher
+        from ge2.kernels import launch
+
+        recorded = []
+        with launch.recording(launch.Recorder()):
+            recorded.append(registry.call("gemm", a, w, None, b, **attrs))
+        for mine, theirs in zip(recorded[0], python):
+            if mine is not None:
+                torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
     finally:
         ge2.set_matmul_precision(old)
 

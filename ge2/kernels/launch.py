@@ -141,7 +141,7 @@ class _PlannedJIT(_PlannedLaunch):
         binder = self.device_caches[driver.active.get_current_device()][4]
         bound, _, _ = binder(*args, **kwargs)
         names, values = list(bound), list(bound.values())
-        recorded = list(values)  # the packer encodes TMA descriptors' tensor maps from this call's
+        recorded = list(values)  # _slots empties the slots; the packer encodes TMA maps from these
         slots = self._slots(names, values, kwargs)
         positions = [at for at, _ in slots]
         packed = native.packed_launch(kernel, grid, recorded, positions)
@@ -175,8 +175,10 @@ class _PlannedJIT(_PlannedLaunch):
 
 def _address(value) -> int | None:
     """The device address a packed launch takes for a tensor or TMA descriptor argument (None off the GPU)."""
-    t = value if isinstance(value, torch.Tensor) else value.base
-    return t.data_ptr() if t.is_cuda else None
+    base = value if isinstance(value, torch.Tensor) else value.base
+    if isinstance(base, torch.Tensor):
+        return base.data_ptr() if base.is_cuda else None
+    return base.data_ptr()  # a call plan's descriptor (call_plans._Descriptor): the address it replays
 
 
 def _direct(kernel, grid: tuple) -> tuple | None:
