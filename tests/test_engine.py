@@ -241,3 +241,56 @@ def test_inplace_on_an_input_saved_as_a_view_raises():
         h.mul_(2.0)
     with pytest.raises(RuntimeError, match="modified by an in-place operation"):
         y.backward()
+
+
+def _apply_cases(x, y, w, b):
+    """Ops whose results test_the_compiled_apply_matches_the_python_apply compares: fresh outputs,
+    views (which share their input's version counter), a view of a view, several outputs, scalars."""
+    return {
+        "x + y": lambda: x + y,
+        "2.5 - x": lambda: 2.5 - x,
+        "x[1:]": lambda: x[1:],
+        "x[1:].reshape(-1)": lambda: x[1:].reshape(-1),
+        "x.transpose(0, 1)": lambda: x.transpose(0, 1),
+        "x.max(dim=1)": lambda: x.max(dim=1),
+        "linear relu": lambda: ge2.nn.functional.linear(x, w, b, activation="relu"),
+    }
+
+
+def _described(result, inputs):
+    """Each output's data, and which input's version counter it shares (index, or None: its own)."""
+    outs = result if isinstance(result, tuple) else (result,)
+    return [(o.data, o.requires_grad, o.grad_fn,
+             next((i for i, t in enumerate(inputs) if t._version_counter is o._version_counter), None))
+            for o in outs]
+
+
+@pytest.mark.parametrize("grad", ["no inputs require grad", "no_grad"])
+def test_the_compiled_apply_matches_the_python_apply(grad, monkeypatch):
+    from ge2.autograd import function
+
+    if function.Function.apply.__func__ is function._python_apply:
+        pytest.skip("ge2's compiled helpers are not built here")
+    needs = grad == "no_grad"
+    x, y = ge2.from_torch(randn(5, 7), requires_grad=needs), ge2.from_torch(randn(5, 7))
+    w, b = ge2.from_torch(randn(3, 7)), ge2.from_torch(randn(3))
+    inputs = (x, y, w, b)
+    with ge2.set_grad_enabled(not needs):
+        compiled = {k: _described(f(), inputs) for k, f in _apply_cases(*inputs).items()}
+        monkeypatch.setattr(function.Function, "apply", classmethod(function._python_apply))
+        python = {k: _described(f(), inputs) for k, f in _apply_cases(*inputs).items()}
+    for name in compiled:
+        assert len(compiled[name]) == len(python[name]), name
+        for (data, rg, fn, shared), (data_p, rg_p, fn_p, shared_p) in zip(compiled[name], python[name]):
+            assert torch.equal(data, data_p) and data.stride() == data_p.stride(), name
+            assert (rg, fn, shared) == (rg_p, fn_p, shared_p) == (False, None, shared_p), name
+    assert compiled["x[1:]"][0][3] == 0 and compiled["x[1:].reshape(-1)"][0][3] == 0  # views share x's counter
+    assert compiled["x + y"][0][3] is None
+
+
+def test_the_compiled_apply_records_through_python():
+    x = leaf(4, 3)
+    y = (x * x).sum()
+    assert y.grad_fn is not None and y.requires_grad
+    y.backward()
+    assert close(x.grad, 2 * x.data)

@@ -113,42 +113,52 @@ class Function:
     def backward(ctx: Context, *grads: Any) -> Any:
         raise NotImplementedError
 
-    @classmethod
-    def apply(cls, *args: Any) -> Any:
-        raw, needs, inputs = [], [], []
-        for a in args:
-            if isinstance(a, _Tensor):
-                raw.append(a.data)
-                needs.append(a._requires_grad)
-                inputs.append(a)
-            else:
-                raw.append(a)
-                needs.append(False)
-        needs = tuple(needs)
-        record = True in needs and grad_mode.is_grad_enabled()
-        # Nothing recorded (no_grad, or no input needs a gradient): the forward is told so, and skips
-        # what only a backward would use (saved tensors, gradients computed alongside the output).
-        ctx = Context(needs if record else (False,) * len(needs))
-        out = cls.forward(ctx, *raw)
-        if not record:
-            if isinstance(out, torch.Tensor):
-                return _wrap(out, inputs)
-            return tuple([_wrap(o, inputs) for o in out])
-        outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
-        node = Node(
-            cls,
-            ctx,
-            [a._edge() if need else None for a, need in zip(args, needs)],
-            [(a.shape, a.dtype) if need else None for a, need in zip(args, needs)],
-            len(outs),
-        )
-        ctx._node_name = node.name
-        results = tuple(
-            _Tensor._from_op(o, inputs, None if id(o) in ctx._non_differentiable else node, i)
-            for i, o in enumerate(outs)
-        )
-        ctx._track_versions(inputs + list(results))
-        return results[0] if isinstance(out, torch.Tensor) else results
+    # apply(*args): run forward on the inputs (Tensors unwrapped) and wrap its outputs, recording a
+    # Node when an input requires grad and grad mode is on. Set below: ge2_native's ``apply`` (the
+    # path without recording in C) or ``_python_apply``.
+    apply: Any
+
+
+def _python_apply(cls: type, *args: Any) -> Any:
+    """Function.apply in Python: forward on the raw inputs, then the outputs wrapped (and a Node recorded)."""
+    raw, needs, inputs = [], [], []
+    for a in args:
+        if isinstance(a, _Tensor):
+            raw.append(a.data)
+            needs.append(a._requires_grad)
+            inputs.append(a)
+        else:
+            raw.append(a)
+            needs.append(False)
+    needs = tuple(needs)
+    record = True in needs and grad_mode.is_grad_enabled()
+    # Nothing recorded (no_grad, or no input needs a gradient): the forward is told so, and skips
+    # what only a backward would use (saved tensors, gradients computed alongside the output).
+    ctx = Context(needs if record else (False,) * len(needs))
+    out = cls.forward(ctx, *raw)
+    if not record:
+        if isinstance(out, torch.Tensor):
+            return _wrap(out, inputs)
+        return tuple([_wrap(o, inputs) for o in out])
+    outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+    node = Node(
+        cls,
+        ctx,
+        [a._edge() if need else None for a, need in zip(args, needs)],
+        [(a.shape, a.dtype) if need else None for a, need in zip(args, needs)],
+        len(outs),
+    )
+    ctx._node_name = node.name
+    results = tuple(
+        _Tensor._from_op(o, inputs, None if id(o) in ctx._non_differentiable else node, i)
+        for i, o in enumerate(outs)
+    )
+    ctx._track_versions(inputs + list(results))
+    return results[0] if isinstance(out, torch.Tensor) else results
 
 
 from ge2.autograd.tensor import Tensor as _Tensor, _wrap  # noqa: E402 (tensor.py imports this module first)
+from ge2.kernels import native as _native  # noqa: E402
+
+Function.apply = classmethod(_native.function_apply(_Tensor, Context, Version, grad_mode._state, _python_apply)
+                             or _python_apply)

@@ -7,7 +7,10 @@
 //   parses every kernel argument (constexprs included) from a Python tuple on every call;
 // * call / Replay: the registry's entry point. A call whose key has a plan whose launches are all
 //   packed runs it here (allocate the outputs through torch, launch, return), with no Python frame
-//   between the caller and torch's allocator; other calls go to the registry's Python.
+//   between the caller and torch's allocator; other calls go to the registry's Python;
+// * apply: Function.apply (ge2/autograd/function.py) when nothing is recorded (no_grad, or no input
+//   requires grad): forward on the raw tensors, outputs wrapped as Tensors, no Python frame of ge2's
+//   between the user's operator and the op's forward.
 //
 // Built at first use with Triton's module builder (ge2/kernels/native.py), against Triton's CUDA
 // headers, like Triton's launchers; libcuda is opened at the first Launch, so the key works without a GPU.
@@ -18,6 +21,7 @@
 #include <string.h>
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 
 #define MAX_PARAMS 256
 #define MAX_STORAGE 4096
@@ -773,6 +777,188 @@ done:
   return result;
 }
 
+// ---- Function.apply without recording -----------------------------------------------------------
+
+// set_autograd: ge2 Tensor, Context, Version, grad mode's thread-local state, the Python apply (which
+// records), torch.Tensor; the byte offsets of Tensor's slots.
+static PyTypeObject *a_tensor = NULL;
+static PyObject *a_context, *a_version, *a_grad_state, *a_python_apply, *a_torch_tensor;
+static PyObject *s_forward, *s_base, *s_grad_enabled, *zero;
+enum { SLOT_DATA, SLOT_REQUIRES_GRAD, SLOT_GRAD, SLOT_GRAD_FN, SLOT_OUT_IDX, SLOT_VERSION, N_SLOTS };
+static const char *slot_names[N_SLOTS] = {"data", "_requires_grad", "grad", "grad_fn", "_out_idx", "_version_counter"};
+static Py_ssize_t slot_offset[N_SLOTS];
+#define MAX_APPLY_ARGS 64
+#define NO_GRAD_TUPLES 16
+static PyObject *no_grad_needs[NO_GRAD_TUPLES];  // (False,) * n
+
+static PyObject *set_autograd(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 6 || !PyType_Check(args[0]) || !PyType_Check(args[5])) {
+    PyErr_SetString(PyExc_TypeError, "set_autograd(Tensor, Context, Version, grad_state, python_apply, torch.Tensor)");
+    return NULL;
+  }
+  PyTypeObject *tensor = (PyTypeObject *)args[0];
+  for (int i = 0; i < N_SLOTS; i++) {  // each must be a __slots__ member holding an object
+    PyObject *member = PyObject_GetAttrString(args[0], slot_names[i]);
+    if (member == NULL) return NULL;
+    int ok = Py_TYPE(member) == &PyMemberDescr_Type &&
+             ((PyMemberDescrObject *)member)->d_member->type == T_OBJECT_EX;
+    if (ok) slot_offset[i] = ((PyMemberDescrObject *)member)->d_member->offset;
+    Py_DECREF(member);
+    if (!ok) {
+      PyErr_Format(PyExc_TypeError, "set_autograd: %s.%s is not a __slots__ member", tensor->tp_name, slot_names[i]);
+      return NULL;
+    }
+  }
+  for (Py_ssize_t n = 0; n < NO_GRAD_TUPLES; n++) {
+    if (no_grad_needs[n] != NULL) continue;
+    no_grad_needs[n] = PyTuple_New(n);
+    if (no_grad_needs[n] == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(no_grad_needs[n], i, Py_NewRef(Py_False));
+  }
+  Py_XSETREF(a_tensor, (PyTypeObject *)Py_NewRef(args[0]));
+  Py_XSETREF(a_context, Py_NewRef(args[1]));
+  Py_XSETREF(a_version, Py_NewRef(args[2]));
+  Py_XSETREF(a_grad_state, Py_NewRef(args[3]));
+  Py_XSETREF(a_python_apply, Py_NewRef(args[4]));
+  Py_XSETREF(a_torch_tensor, Py_NewRef(args[5]));
+  Py_RETURN_NONE;
+}
+
+#define SLOT(obj, i) (*(PyObject **)((char *)(obj) + slot_offset[i]))
+
+// A Tensor slot's value (borrowed), or NULL with AttributeError when it was never set.
+static PyObject *get_slot(PyObject *t, int i) {
+  PyObject *v = SLOT(t, i);
+  if (v == NULL) PyErr_Format(PyExc_AttributeError, "Tensor has no attribute '%s'", slot_names[i]);
+  return v;
+}
+
+// The tensor owning `t`'s memory: t._base, or t itself (a new reference).
+static PyObject *root_of(PyObject *t) {
+  PyObject *base = PyObject_GetAttr(t, s_base);
+  if (base == Py_None) {
+    Py_DECREF(base);
+    return Py_NewRef(t);
+  }
+  return base;
+}
+
+// tensor._wrap: `data` as a Tensor without a grad_fn, sharing the version counter of the input whose
+// memory it is (the input itself, a view of it, or the base of an input that is a view).
+static PyObject *wrap(PyObject *data, PyObject *const *inputs, Py_ssize_t n) {
+  if (!PyObject_TypeCheck(data, (PyTypeObject *)a_torch_tensor)) {
+    PyErr_Format(PyExc_TypeError, "Function.apply: forward returned %.100s where a torch.Tensor was expected",
+                 Py_TYPE(data)->tp_name);
+    return NULL;
+  }
+  PyObject *base = PyObject_GetAttr(data, s_base), *version = NULL;
+  if (base == NULL) return NULL;
+  for (Py_ssize_t i = 0; i < n && version == NULL; i++) {
+    PyObject *x = get_slot(inputs[i], SLOT_DATA);
+    if (x == NULL) goto fail;
+    int shares;
+    if (base == Py_None) {  // not a view: only an input that is this very tensor or a view of it shares memory
+      shares = x == data;
+      if (!shares) {
+        PyObject *x_base = PyObject_GetAttr(x, s_base);
+        if (x_base == NULL) goto fail;
+        shares = x_base == data;
+        Py_DECREF(x_base);
+      }
+    } else {
+      PyObject *root = root_of(x);
+      if (root == NULL) goto fail;
+      shares = root == base;
+      Py_DECREF(root);
+    }
+    if (shares && (version = get_slot(inputs[i], SLOT_VERSION)) == NULL) goto fail;
+  }
+  version = version ? Py_NewRef(version) : PyObject_CallNoArgs(a_version);
+  if (version == NULL) goto fail;
+  Py_DECREF(base);
+  PyObject *t = a_tensor->tp_alloc(a_tensor, 0);
+  if (t == NULL) {
+    Py_DECREF(version);
+    return NULL;
+  }
+  SLOT(t, SLOT_DATA) = Py_NewRef(data);
+  SLOT(t, SLOT_REQUIRES_GRAD) = Py_NewRef(Py_False);
+  SLOT(t, SLOT_GRAD) = Py_NewRef(Py_None);
+  SLOT(t, SLOT_GRAD_FN) = Py_NewRef(Py_None);
+  SLOT(t, SLOT_OUT_IDX) = Py_NewRef(zero);
+  SLOT(t, SLOT_VERSION) = version;
+  return t;
+fail:
+  Py_DECREF(base);
+  return NULL;
+}
+
+// 1 when grad mode is on in this thread (grad_mode.is_grad_enabled), 0 off, -1 error.
+static int grad_enabled(void) {
+  PyObject *enabled = PyObject_GetAttr(a_grad_state, s_grad_enabled);
+  if (enabled == NULL) {
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+    PyErr_Clear();  // never set in this thread: on
+    return 1;
+  }
+  int on = PyObject_IsTrue(enabled);
+  Py_DECREF(enabled);
+  return on;
+}
+
+// apply(cls, *args): Function.apply. When an input Tensor requires grad and grad mode is on, the Python
+// apply records the call; otherwise forward(ctx, *raw) runs with a context saying no input needs a
+// gradient and its output (or each of its outputs) comes back as a Tensor.
+static PyObject *function_apply(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (a_tensor == NULL || nargs < 1) {
+    PyErr_SetString(PyExc_TypeError, "apply(cls, *args), after set_autograd");
+    return NULL;
+  }
+  Py_ssize_t n = nargs - 1, n_tensors = 0;
+  if (n >= NO_GRAD_TUPLES || n >= MAX_APPLY_ARGS) return PyObject_Vectorcall(a_python_apply, args, nargs, NULL);
+  PyObject *raw[MAX_APPLY_ARGS + 1], *tensors[MAX_APPLY_ARGS];
+  int needs = 0;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *a = args[i + 1];
+    raw[i + 1] = a;
+    if (!PyObject_TypeCheck(a, a_tensor)) continue;
+    tensors[n_tensors++] = a;
+    PyObject *data = get_slot(a, SLOT_DATA), *requires = data ? get_slot(a, SLOT_REQUIRES_GRAD) : NULL;
+    if (requires == NULL) return NULL;
+    raw[i + 1] = data;
+    if (!needs && (needs = PyObject_IsTrue(requires)) < 0) return NULL;
+  }
+  if (needs && (needs = grad_enabled()) != 0)
+    return needs < 0 ? NULL : PyObject_Vectorcall(a_python_apply, args, nargs, NULL);
+  PyObject *ctx = PyObject_CallOneArg(a_context, no_grad_needs[n]);
+  if (ctx == NULL) return NULL;
+  PyObject *forward = PyObject_GetAttr(args[0], s_forward), *out = NULL, *result = NULL;
+  if (forward != NULL) {
+    raw[0] = ctx;
+    out = PyObject_Vectorcall(forward, raw, n + 1, NULL);
+    Py_DECREF(forward);
+  }
+  Py_DECREF(ctx);
+  if (out == NULL) return NULL;
+  if (PyObject_TypeCheck(out, (PyTypeObject *)a_torch_tensor)) {
+    result = wrap(out, tensors, n_tensors);
+  } else {
+    PyObject *items = PySequence_Fast(out, "Function.apply: forward must return a tensor or a sequence of them");
+    if (items != NULL) {
+      Py_ssize_t k = PySequence_Fast_GET_SIZE(items);
+      result = PyTuple_New(k);
+      for (Py_ssize_t i = 0; result != NULL && i < k; i++) {
+        PyObject *t = wrap(PySequence_Fast_GET_ITEM(items, i), tensors, n_tensors);
+        if (t == NULL) Py_CLEAR(result);
+        else PyTuple_SET_ITEM(result, i, t);
+      }
+      Py_DECREF(items);
+    }
+  }
+  Py_DECREF(out);
+  return result;
+}
+
 static PyMethodDef methods[] = {
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL,
      "launch(plan, stream, *addresses) -> True, or False when this thread has no CUDA context"},
@@ -784,6 +970,10 @@ static PyMethodDef methods[] = {
     {"set_dispatch", (PyCFunction)set_dispatch, METH_VARARGS,
      "set_dispatch(plans, slow, stats, recorders, runtime knobs, HookChain, get_device, get_stream, empty_like, "
      "empty_strided, registry, call_plans, launch and runtime module globals)"},
+    {"set_autograd", (PyCFunction)(void (*)(void))set_autograd, METH_FASTCALL,
+     "set_autograd(Tensor, Context, Version, grad_state, python_apply, torch.Tensor)"},
+    {"apply", (PyCFunction)(void (*)(void))function_apply, METH_FASTCALL,
+     "apply(cls, *args): Function.apply, recording through the Python apply when a gradient is needed"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -798,8 +988,10 @@ PyMODINIT_FUNC PyInit_ge2_native(void) {
   s_precision = intern("_matmul_precision"), s_triton = intern("triton"), s_native = intern("native");
   s_replay = intern("replay"), s_hits = intern("hits"), s_native_hits = intern("native");
   s_enter_hook = intern("launch_enter_hook"), s_exit_hook = intern("launch_exit_hook"), s_calls = intern("calls");
-  one = PyLong_FromLong(1);
-  if (!s_shape || !s_stride || !s_dtype || !s_device || !s_data_ptr || !s_backend || !s_enabled || !s_precision ||
+  s_forward = intern("forward"), s_base = intern("_base"), s_grad_enabled = intern("enabled");
+  one = PyLong_FromLong(1), zero = PyLong_FromLong(0);
+  if (!s_forward || !s_base || !s_grad_enabled || !zero ||
+      !s_shape || !s_stride || !s_dtype || !s_device || !s_data_ptr || !s_backend || !s_enabled || !s_precision ||
       !s_triton || !s_native || !s_replay || !s_hits || !s_native_hits || !s_enter_hook || !s_exit_hook || !s_calls ||
       !one)
     return NULL;

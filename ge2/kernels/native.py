@@ -1,5 +1,6 @@
-"""ge2's compiled helpers for the repeated-call path of an op (``native.c``): the call key, and a
-kernel launch whose parameters are packed once.
+"""ge2's compiled helpers for the repeated-call path of an op (``native.c``): the call key, a kernel
+launch whose parameters are packed once, the registry's entry, and ``Function.apply`` when nothing is
+recorded.
 
 A replayed op (``ge2.backend.call_plans``) costs a few µs of host time, of which the call key and the
 kernel launch are most of what ge2 controls. In Python the key pays the interpreter for every item
@@ -60,6 +61,16 @@ def call_key() -> Callable[[str, str, tuple, dict], tuple | None] | None:
     """``call_key(op, precision, inputs, attrs)`` in C, or None."""
     built = module()
     return built.call_key if built is not None else None
+
+
+def function_apply(tensor: type, context: type, version: type, grad_state, python_apply: Callable) -> Callable | None:
+    """``Function.apply``'s compiled version (``native.c``: the path without recording in C, recording
+    through ``python_apply``), or None where the module cannot be built."""
+    built = module()
+    if built is None:
+        return None
+    built.set_autograd(tensor, context, version, grad_state, python_apply, torch.Tensor)
+    return built.apply
 
 
 def needs_triton_launcher(launcher) -> bool:
