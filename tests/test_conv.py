@@ -293,17 +293,61 @@ def test_conv2d_stride1_framed_and_tap_major(case, layout, dtype, path, monkeypa
     # The framed path where TMA exists (Hopper, interpreter); the tap-major kernels elsewhere.
     from ge2.kernels import conv_framed as FR
 
+    # Channels-last x (forward) and gZ (dX; the relu makes it channels-last) with 16-byte aligned
+    # pixel rows are read in place through 4-D descriptors (conv2d_nhwc_kernel), the rest framed.
     monkeypatch.setattr(FR, "ENABLED", path == "framed")
     fwd = _Counting(FR.conv2d_framed_kernel)
+    direct = _Counting(FR.conv2d_nhwc_kernel)
     dw = _Counting(FR.conv2d_framed_dw_kernel)
     monkeypatch.setattr(FR, "conv2d_framed_kernel", fwd)
+    monkeypatch.setattr(FR, "conv2d_nhwc_kernel", direct)
     monkeypatch.setattr(FR, "conv2d_framed_dw_kernel", dw)
     if DEVICE == "cuda" and FR._tma_sms(torch.device(DEVICE)) == 0 and path == "framed":
         pytest.skip("no TMA on this GPU")
     _check_conv(case, layout, dtype, act="relu", seed=31)
     framed = path == "framed"
-    assert fwd.launches == (2 if framed else 0)  # forward and dX
+    in_place = [layout == "nhwc" and channels * dtype.itemsize % 16 == 0 for channels in (case[1], case[4])]
+    assert direct.launches == (sum(in_place) if framed else 0)  # forward (C channels), dX (K)
+    assert fwd.launches + direct.launches == (2 if framed else 0)
     assert dw.launches == (1 if framed and dtype != torch.float32 else 0)  # fp32 dW: the NCHW-planar kernel
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("view", ["dense", "channel slice", "one image"])
+def test_conv2d_channels_last_input_is_read_in_place(view, dtype, monkeypatch):
+    # No frame: forward and dX read x and gZ where they are, padding from the copy engine's zero
+    # fill; the same results as the framed path, for a channel slice of a wider NHWC tensor too.
+    from ge2.kernels import conv_framed as FR
+
+    if DEVICE == "cuda" and FR._tma_sms(torch.device(DEVICE)) == 0:
+        pytest.skip("no TMA on this GPU")
+    N, C, K = (1 if view == "one image" else 2), 16, 24
+    wide = randn(N, 2 * C if view == "channel slice" else C, 5, 7, dtype=dtype, seed=7)
+    x = wide.contiguous(memory_format=torch.channels_last)[:, :C]
+    w, b = randn(K, C, 3, 3, dtype=dtype, seed=8), randn(K, dtype=dtype, seed=9)
+    gy = randn(N, K, 5, 7, dtype=dtype, seed=10).contiguous(memory_format=torch.channels_last)
+    assert FR.nhwc_dims(x) is not None and FR.nhwc_dims(gy) is not None
+    results = []
+    for direct in (True, False):
+        monkeypatch.setattr(FR, "NHWC_DIRECT", direct)
+        counting = _Counting(FR.conv2d_nhwc_kernel)
+        monkeypatch.setattr(FR, "conv2d_nhwc_kernel", counting)
+        xg, wg, bg = (ge2.from_torch(t.clone(), requires_grad=True) for t in (x, w, b))
+        y = F.conv2d(xg, wg, bg, padding=(1, 2), dilation=(1, 2), activation="gelu")
+        y.backward(ge2.from_torch(gy))
+        assert counting.launches == (2 if direct else 0)  # forward, dX
+        assert y.data.is_contiguous(memory_format=torch.channels_last)
+        results.append([y.data, xg.grad.data, wg.grad.data, bg.grad.data])
+    ref = [x.double().cpu().requires_grad_(), w.double().cpu().requires_grad_(), b.double().cpu().requires_grad_()]
+    y64 = TF.gelu(TF.conv2d(*ref, padding=(1, 2), dilation=(1, 2)))
+    y64.backward(gy.double().cpu())
+    tor = [t.clone().requires_grad_() for t in (x, w, b)]
+    yt = TF.gelu(TF.conv2d(*tor, padding=(1, 2), dilation=(1, 2)))
+    yt.backward(gy)
+    names = ("forward", "grad x", "grad weight", "grad bias")
+    for i, (name, r, t) in enumerate(zip(names, [y64] + [t.grad for t in ref], [yt] + [t.grad for t in tor])):
+        for path, got in zip(("in place", "framed"), results):
+            assert_matches(got[i], r.detach(), t.detach(), name=f"{name} ({path})")
 
 
 def test_conv2d_framed_weight_gradient_over_splits(monkeypatch):

@@ -35,6 +35,7 @@ from ge2.kernels.activations import act_fwd
 from ge2.kernels.gemm import _precision, _tile_coords, _tma_rounding, _tma_sms, tile_config
 
 ENABLED = True  # off: stride-1 convs take the tap-major kernels (A/B comparisons)
+NHWC_DIRECT = True  # off: channels-last inputs are framed too (A/B comparisons)
 MIN_CHANNELS = 16  # channels on both sides of the GEMM (fewer: a 16-deep MMA step is mostly padding)
 
 
@@ -137,6 +138,117 @@ def conv2d_framed_kernel(
     if SAVE_Z:
         tl.store(z_ptr + y_offs, z.to(z_ptr.dtype.element_ty), mask=mask)
     tl.store(y_ptr + y_offs, act_fwd(z, ACT, act_alpha).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+# Channels-last inputs skip the frame: a 4-D TMA descriptor over [N, H, W, C] loads a
+# [1, BH, BW, BLOCK_K] box per tap at the tap's shifted corner, and the copy engine zero-fills what
+# falls outside the image (the padding). (BH, BW, BLOCK_N, warps, stages): powers of two, BH*BW
+# pixels a tile (wgmma's N: the input tile is the second operand, which keeps it in shared memory).
+_NHWC_TILES = [(8, 16, 64, 4, 4), (4, 32, 64, 4, 4), (16, 8, 64, 4, 4), (8, 8, 64, 4, 5), (8, 8, 128, 4, 4),
+               (16, 16, 128, 8, 3), (16, 8, 256, 8, 3), (8, 16, 256, 8, 3)]
+
+
+def _nhwc_block_shapes(nargs) -> None:
+    """The descriptors' box shapes follow the config (set before each launch)."""
+    bh, bw, bn, bk = nargs["BH"], nargs["BW"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+    nargs["x_desc"].block_shape = [1, bh, bw, bk]
+    nargs["w_desc"].block_shape = [bn, bk] if nargs["W_KMAJOR"] else [bk, bn]
+    for name in ("y_desc", "z_desc"):
+        if nargs[name] is not None:
+            nargs[name].block_shape = [1, bh, bw, bn]
+
+
+def _nhwc_cfg(bh, bw, bn, bk, warps, stages, tma_store) -> triton.Config:
+    return triton.Config({"BH": bh, "BW": bw, "BLOCK_N": bn, "BLOCK_K": bk, "TMA_STORE": tma_store},
+                         num_warps=warps, num_stages=stages, pre_hook=_nhwc_block_shapes)
+
+
+# Both epilogues: a TMA store won at 64x64x56^2 (55 vs 58 us), masked stores at 64x256x14^2 (28 vs 33).
+NHWC_CONFIGS_16 = [_nhwc_cfg(bh, bw, bn, 64, w, st, t) for bh, bw, bn, w, st in _NHWC_TILES for t in (1, 0)]
+NHWC_CONFIGS_32 = [_nhwc_cfg(bh, bw, bn, 32, w, st, t) for bh, bw, bn, w, st in _NHWC_TILES for t in (1, 0)]
+NHWC_INTERPRETER_CONFIG = _nhwc_cfg(4, 4, 16, 16, 4, 1, 0)
+
+
+def _prune_nhwc(configs, named_args, **kwargs):
+    """The configs of the operand width, at most one power of two wider than the output channels,
+    TMA stores only where the outputs take them."""
+    a = {**named_args, **kwargs}
+    space = NHWC_CONFIGS_16 if a["OPERAND_BYTES"] <= 2 else NHWC_CONFIGS_32
+    k = triton.next_power_of_2(a["K"])
+    return [c for c in configs if c in space and c.kwargs["BLOCK_N"] <= max(64, k)
+            and (a["TMA_OUT"] or not c.kwargs["TMA_STORE"])] or space[-1:]
+
+
+@runtime.autotune(NHWC_CONFIGS_16 + NHWC_CONFIGS_32,
+                  key=["Nb", "P", "Q", "K", "C", "taps", "OPERAND_BYTES", "PRECISION", "TMA_OUT"],
+                  default=NHWC_INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_nhwc},
+                  do_bench=runtime.tuning_bench)
+@triton.jit(do_not_specialize=["Nb", "P", "Q", "pad_h", "pad_w"])
+def conv2d_nhwc_kernel(
+    x_desc, w_desc, y_desc, z_desc, bias_ptr, y_ptr, z_ptr,
+    Nb, P, Q, K, C, Cs, pad_h, pad_w, dil_h, dil_w, S, taps,
+    syn, syk, syp, syq, sbias, act_alpha,
+    FLIP: tl.constexpr, W_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SAVE_Z: tl.constexpr,
+    TMA_OUT: tl.constexpr, OPERAND_BYTES: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BH: tl.constexpr, BW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA_STORE: tl.constexpr,
+):
+    """One [BH x BW output pixels of one image, BLOCK_N out channels] tile of Y = act(conv(X) + bias).
+
+    x_desc: X [N, H, W, C] (channels innermost); w_desc as conv2d_framed_kernel's. Tap t = (r, s)
+    of output pixel (p, q) reads input pixel (p + r*dil_h - pad_h, q + s*dil_w - pad_w).
+    """
+    BM: tl.constexpr = BH * BW
+    pid = tl.program_id(0)
+    n_tiles = tl.cdiv(K, BLOCK_N)
+    tiles_q = tl.cdiv(Q, BW)
+    tiles_p = tl.cdiv(P, BH)
+    # Output-channel tiles fastest: the programs that share an input tile run side by side.
+    pid_n = pid % n_tiles
+    pix = pid // n_tiles
+    tq = pix % tiles_q
+    rest = pix // tiles_q
+    tp = rest % tiles_p
+    nb = rest // tiles_p
+    p0 = tp * BH
+    q0 = tq * BW
+    n0 = pid_n * BLOCK_N
+    c_blocks = tl.cdiv(C, BLOCK_K)
+    # Y^T += W_tile @ X_tile^T: as wgmma's second operand the reshaped box is read where TMA put it
+    # (as the first, Triton 3.6 moves it through registers).
+    acc = tl.zeros((BLOCK_N, BM), dtype=tl.float32)
+    for step in range(0, taps * c_blocks):
+        tap = step // c_blocks
+        c0 = (step - tap * c_blocks) * BLOCK_K
+        r = tap // S
+        a = x_desc.load([nb, p0 + r * dil_h - pad_h, q0 + (tap - r * S) * dil_w - pad_w, c0]).reshape(BM, BLOCK_K)
+        w_tap = taps - 1 - tap if FLIP else tap
+        if W_KMAJOR:  # channels past C: A's are zero-filled, so B's (the next tap's) add nothing
+            b = w_desc.load([n0, w_tap * Cs + c0])
+        else:  # dX from the forward's W: [reduction, output] tiles
+            b = w_desc.load([c0, w_tap * Cs + n0]).T
+        if UPCAST:  # the interpreter cannot do 16-bit arithmetic; exact products either way
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(b, a.T, acc, input_precision=PRECISION, out_dtype=tl.float32)
+    z = acc.T
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < K
+    if HAS_BIAS:
+        z += tl.load(bias_ptr + offs_n * sbias, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    y = act_fwd(z, ACT, act_alpha).to(y_ptr.dtype.element_ty)
+    if TMA_STORE:  # the copy engine drops what falls past P, Q or K
+        if SAVE_Z:
+            z_desc.store([nb, p0, q0, n0], z.to(z_ptr.dtype.element_ty).reshape(1, BH, BW, BLOCK_N))
+        y_desc.store([nb, p0, q0, n0], y.reshape(1, BH, BW, BLOCK_N))
+    else:
+        m = tl.arange(0, BM)
+        p = p0 + m // BW
+        q = q0 + m % BW
+        y_offs = (nb.to(tl.int64) * syn + p * syp + q * syq)[:, None] + offs_n[None, :].to(tl.int64) * syk
+        mask = ((p < P) & (q < Q))[:, None] & mask_n[None, :]
+        if SAVE_Z:
+            tl.store(z_ptr + y_offs, z.to(z_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_ptr + y_offs, y, mask=mask)
 
 
 @runtime.autotune(CONFIGS_16 + CONFIGS_32, key=["M", "K", "C", "S", "SPLIT_STEPS", "OPERAND_BYTES", "PRECISION"],
@@ -289,14 +401,36 @@ def frame(t: torch.Tensor, Hf: int, Wf: int, planar: bool = False, origin: int =
     return buf[:, :origin + rows] if planar else buf[:, :C]
 
 
-def _descriptor(t: torch.Tensor, round_tf32: bool):
-    """A TMA descriptor over the 2-D view t (unit column stride); tile shape set per config."""
+def _descriptor(t: torch.Tensor, round_tf32: bool, shape: list[int] | None = None,
+                strides: list[int] | None = None):
+    """A TMA descriptor over t (unit innermost stride), or over ``shape``/``strides`` from t's first
+    element; box shape set per config."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    shape, strides = shape or list(t.shape), strides or list(t.stride())
+    box = [1] * (len(shape) - 2) + [16, 16]
     cls = _tma_rounding() if round_tf32 else None
     if cls is not None:
-        return cls(t, list(t.shape), list(t.stride()), [16, 16], round_f32_to_tf32=True)
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [16, 16])
+        return cls(t, shape, strides, box, round_f32_to_tf32=True)
+    return TensorDescriptor(t, shape, strides, box)
+
+
+def nhwc_dims(t: torch.Tensor) -> tuple[list[int], list[int]] | None:
+    """(shape, strides) of t [N, C, H, W] read as [N, H, W, C] by a 4-D TMA descriptor, or None when
+    TMA cannot read it so: channels innermost, base and other strides 16-byte aligned. A size-1
+    dim's stride is never stepped: it gets an aligned one."""
+    if not NHWC_DIRECT or t.stride(1) != 1 or t.data_ptr() % 16:
+        return None
+    per = 16 // t.element_size()  # elements per 16 bytes
+    shape, strides = [t.shape[0], t.shape[2], t.shape[3], t.shape[1]], [t.stride(0), t.stride(2), t.stride(3), 1]
+    span = shape[3]
+    for d in (2, 1, 0):
+        if shape[d] == 1:
+            strides[d] = runtime.cdiv(span, per) * per
+        if strides[d] % per or strides[d] == 0:
+            return None
+        span = strides[d] * shape[d]
+    return shape, strides
 
 
 def _weight_rows(weight: torch.Tensor, transposed: bool = False) -> torch.Tensor:
@@ -337,11 +471,42 @@ def _gemm(framed: torch.Tensor, Hf: int, Wf: int, w_rows: torch.Tensor, R: int, 
     )
 
 
+def _nhwc_conv(src: torch.Tensor, dims: tuple[list[int], list[int]], w_rows: torch.Tensor, R: int, S: int,
+               out: torch.Tensor, z: torch.Tensor | None, bias: torch.Tensor | None, pad, dilation, flip: bool,
+               code: int, act_alpha: float, w_kmajor: bool = True) -> None:
+    """out [N, K, P, Q] (and z) = act(conv(src [N, C, H, W], w_rows) + bias) as ``_gemm``, src read in
+    place through ``nhwc_dims``'s 4-D descriptor (no frame); out stored by TMA where it can be."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    Nb, K, P, Q = out.shape
+    C = dims[0][3]
+    precision = _precision(src.dtype)
+    round_tf32 = precision == "tf32" and not runtime.is_interpreter()
+    x_desc, w_desc = _descriptor(src, round_tf32, *dims), _descriptor(w_rows, round_tf32)
+    y_dims, z_dims = nhwc_dims(out), nhwc_dims(z) if z is not None else None
+    tma_out = y_dims is not None and (z is None or z_dims == y_dims)  # z is stored through y's strides
+    y_desc = TensorDescriptor(out, *y_dims, [1, 1, 16, 16]) if tma_out else None
+    z_desc = TensorDescriptor(z, *z_dims, [1, 1, 16, 16]) if tma_out and z is not None else None
+    grid = lambda meta: (Nb * runtime.cdiv(P, meta["BH"]) * runtime.cdiv(Q, meta["BW"])
+                         * runtime.cdiv(K, meta["BLOCK_N"]),)
+    conv2d_nhwc_kernel[grid](
+        x_desc, w_desc, y_desc, z_desc, bias if bias is not None else out, out, z if z is not None else out,
+        Nb, P, Q, K, C, w_rows.shape[1] // (R * S), pad[0], pad[1], dilation[0], dilation[1], S, R * S,
+        *out.stride(), bias.stride(0) if bias is not None else 0, float(act_alpha),
+        FLIP=flip, W_KMAJOR=w_kmajor, HAS_BIAS=bias is not None, ACT=code, SAVE_Z=z is not None, TMA_OUT=tma_out,
+        OPERAND_BYTES=src.element_size(), PRECISION=precision,
+        UPCAST=runtime.is_interpreter() and src.element_size() == 2,
+    )
+
+
 def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
             z: torch.Tensor | None, pad, dilation, code: int, act_alpha: float) -> None:
     """y [N, K, P, Q] (and z) = act(conv(x [N, C, H, W], weight [K, C, R, S]) + bias), stride 1."""
     H, W = x.shape[2], x.shape[3]
     R, S = weight.shape[2], weight.shape[3]
+    if y.stride(1) == 1 and (dims := nhwc_dims(x)) is not None:
+        _nhwc_conv(x, dims, _weight_rows(weight), R, S, y, z, bias, pad, dilation, False, code, act_alpha)
+        return
     Hf, Wf = frame_dims(H, W, y.shape[2], y.shape[3], R, S, pad, dilation)
     _gemm(frame(x, Hf, Wf), Hf, Wf, _weight_rows(weight, transposed=False), R, S, y, z, bias, pad, dilation,
           False, code, act_alpha)
@@ -357,12 +522,17 @@ def backward(gz: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, pad, dilat
     R, S = weight.shape[2], weight.shape[3]
     Hf, Wf = frame_dims(H, W, gz.shape[2], gz.shape[3], R, S, pad, dilation)
     rows_dw = dw is not None and x.element_size() <= 2  # 16-bit dW reads the row frame of gZ too
-    g = frame(gz, Hf, Wf) if dx is not None or rows_dw else None
+    # channels-last gZ read in place when dX is channels-last too (NCHW dX keeps the frame's epilogue)
+    g_dims = nhwc_dims(gz) if dx is not None and dx.stride(1) == 1 else None
+    g = frame(gz, Hf, Wf) if (dx is not None and g_dims is None) or rows_dw else None
     if dx is not None:
         (ph, pw), (dh, dw_) = pad, dilation
         kmajor = x.element_size() > 2  # 16-bit wgmma reads the forward's W as it is (MN-major)
-        _gemm(g, Hf, Wf, _weight_rows(weight, transposed=kmajor), R, S, dx, None, None,
-              (dh * (R - 1) - ph, dw_ * (S - 1) - pw), dilation, True, 0, 0.0, w_kmajor=kmajor)
+        w_rows, dx_pad = _weight_rows(weight, transposed=kmajor), (dh * (R - 1) - ph, dw_ * (S - 1) - pw)
+        if g_dims is not None:
+            _nhwc_conv(gz, g_dims, w_rows, R, S, dx, None, None, dx_pad, dilation, True, 0, 0.0, w_kmajor=kmajor)
+        else:
+            _gemm(g, Hf, Wf, w_rows, R, S, dx, None, None, dx_pad, dilation, True, 0, 0.0, w_kmajor=kmajor)
     if rows_dw:
         _dw_rows(g, frame(x, Hf, Wf), dw, Nb * Hf * Wf, pad, Wf, dilation)
     elif dw is not None:
