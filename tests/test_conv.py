@@ -294,14 +294,17 @@ def test_conv2d_stride1_framed_and_tap_major(case, layout, dtype, path, monkeypa
     from ge2.kernels import conv_framed as FR
 
     # Channels-last x (forward) and gZ (dX; the relu makes it channels-last) with 16-byte aligned
-    # pixel rows are read in place through 4-D descriptors (conv2d_nhwc_kernel), the rest framed.
+    # pixel rows are read in place through 4-D descriptors (conv2d_nhwc_kernel; 16-bit dW when both
+    # are: conv2d_nhwc_dw_kernel), the rest framed.
     monkeypatch.setattr(FR, "ENABLED", path == "framed")
     fwd = _Counting(FR.conv2d_framed_kernel)
     direct = _Counting(FR.conv2d_nhwc_kernel)
     dw = _Counting(FR.conv2d_framed_dw_kernel)
+    direct_dw = _Counting(FR.conv2d_nhwc_dw_kernel)
     monkeypatch.setattr(FR, "conv2d_framed_kernel", fwd)
     monkeypatch.setattr(FR, "conv2d_nhwc_kernel", direct)
     monkeypatch.setattr(FR, "conv2d_framed_dw_kernel", dw)
+    monkeypatch.setattr(FR, "conv2d_nhwc_dw_kernel", direct_dw)
     if DEVICE == "cuda" and FR._tma_sms(torch.device(DEVICE)) == 0 and path == "framed":
         pytest.skip("no TMA on this GPU")
     _check_conv(case, layout, dtype, act="relu", seed=31)
@@ -309,14 +312,16 @@ def test_conv2d_stride1_framed_and_tap_major(case, layout, dtype, path, monkeypa
     in_place = [layout == "nhwc" and channels * dtype.itemsize % 16 == 0 for channels in (case[1], case[4])]
     assert direct.launches == (sum(in_place) if framed else 0)  # forward (C channels), dX (K)
     assert fwd.launches + direct.launches == (2 if framed else 0)
-    assert dw.launches == (1 if framed and dtype != torch.float32 else 0)  # fp32 dW: the NCHW-planar kernel
+    rows_dw = framed and dtype != torch.float32  # fp32 dW: the planar frames
+    assert (dw.launches, direct_dw.launches) == ((0, 1) if all(in_place) else (1, 0)) if rows_dw else (0, 0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("view", ["dense", "channel slice", "one image"])
 def test_conv2d_channels_last_input_is_read_in_place(view, dtype, monkeypatch):
-    # No frame: forward and dX read x and gZ where they are, padding from the copy engine's zero
-    # fill; the same results as the framed path, for a channel slice of a wider NHWC tensor too.
+    # No frame: forward, dX and 16-bit dW read x and gZ where they are, padding from the copy
+    # engine's zero fill; results as good as the framed path's, for a channel slice of a wider NHWC
+    # tensor too.
     from ge2.kernels import conv_framed as FR
 
     if DEVICE == "cuda" and FR._tma_sms(torch.device(DEVICE)) == 0:
@@ -331,11 +336,14 @@ def test_conv2d_channels_last_input_is_read_in_place(view, dtype, monkeypatch):
     for direct in (True, False):
         monkeypatch.setattr(FR, "NHWC_DIRECT", direct)
         counting = _Counting(FR.conv2d_nhwc_kernel)
+        counting_dw = _Counting(FR.conv2d_nhwc_dw_kernel)
         monkeypatch.setattr(FR, "conv2d_nhwc_kernel", counting)
+        monkeypatch.setattr(FR, "conv2d_nhwc_dw_kernel", counting_dw)
         xg, wg, bg = (ge2.from_torch(t.clone(), requires_grad=True) for t in (x, w, b))
         y = F.conv2d(xg, wg, bg, padding=(1, 2), dilation=(1, 2), activation="gelu")
         y.backward(ge2.from_torch(gy))
         assert counting.launches == (2 if direct else 0)  # forward, dX
+        assert counting_dw.launches == (1 if direct and dtype != torch.float32 else 0)  # fp32 dW: planar frames
         assert y.data.is_contiguous(memory_format=torch.channels_last)
         results.append([y.data, xg.grad.data, wg.grad.data, bg.grad.data])
     ref = [x.double().cpu().requires_grad_(), w.double().cpu().requires_grad_(), b.double().cpu().requires_grad_()]

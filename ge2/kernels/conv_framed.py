@@ -299,6 +299,72 @@ def conv2d_framed_dw_kernel(
              mask=(offs_k[:, None] < K) & (offs_c[None, :] < C))
 
 
+def _nhwc_dw_block_shapes(nargs) -> None:
+    """dW's boxes: STEP_H x STEP_W pixels of gZ's and x's channels (BLOCK_K pixels a step)."""
+    bm, bn, bk, step_w = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"], nargs["STEP_W"]
+    nargs["g_desc"].block_shape = [1, bk // step_w, step_w, bm]
+    nargs["x_desc"].block_shape = [1, bk // step_w, step_w, bn]
+
+
+NHWC_DW_CONFIGS = [tile_config(bm, bn, 64, warps, stages, pre_hook=_nhwc_dw_block_shapes)
+                   for bm, bn, warps, stages in _TILES]
+NHWC_DW_INTERPRETER_CONFIG = tile_config(32, 32, 16, 4, 1, pre_hook=_nhwc_dw_block_shapes)
+
+
+def _prune_nhwc_dw(configs, named_args, **kwargs):
+    a = {**named_args, **kwargs}
+    k, c = triton.next_power_of_2(a["K"]), triton.next_power_of_2(a["C"])
+    return [cf for cf in configs if cf.kwargs["BLOCK_M"] <= max(64, k) and cf.kwargs["BLOCK_N"] <= max(64, c)] \
+        or configs[-1:]
+
+
+@runtime.autotune(NHWC_DW_CONFIGS, key=["Nb", "P", "Q", "K", "C", "S", "SPLIT_STEPS", "STEP_W"],
+                  default=NHWC_DW_INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_nhwc_dw},
+                  do_bench=runtime.tuning_bench)
+@triton.jit(do_not_specialize=["Nb", "P", "Q", "pad_h", "pad_w", "SPLIT_STEPS"])
+def conv2d_nhwc_dw_kernel(
+    g_desc, x_desc, Nb, P, Q, K, C, pad_h, pad_w, dil_h, dil_w, S, SPLIT_STEPS, out_ptr,
+    UPCAST: tl.constexpr, STEP_W: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """Split program_id(2)'s partial of dW's tap program_id(1) = (r, s), tile program_id(0) of [K, C]
+    (16-bit operands, channels-last gZ and x read in place):
+    out[split, r*S + s, k, c] = sum over its pixels (n, p, q) of gZ[n, p, q, k] * x[n, p + r*dil_h - pad_h,
+    q + s*dil_w - pad_w, c], a step being a [BLOCK_K // STEP_W, STEP_W] box of pixels. Pixels past
+    P, Q (gZ) or outside the image (x) are zero-filled: they add nothing."""
+    STEP_H: tl.constexpr = BLOCK_K // STEP_W
+    pid_m, pid_n = _tile_coords(tl.program_id(0), K, C, BLOCK_M, BLOCK_N, GROUP_M)
+    tap = tl.program_id(1)
+    r = tap // S
+    s = tap - r * S
+    split = tl.program_id(2)
+    k0 = pid_m * BLOCK_M
+    c0 = pid_n * BLOCK_N
+    tiles_q = tl.cdiv(Q, STEP_W)
+    tiles_p = tl.cdiv(P, STEP_H)
+    first = split * SPLIT_STEPS
+    last = tl.minimum(first + SPLIT_STEPS, Nb * tiles_p * tiles_q)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for step in range(first, last):
+        tq = step % tiles_q
+        rest = step // tiles_q
+        tp = rest % tiles_p
+        n = rest // tiles_p
+        p0 = tp * STEP_H
+        q0 = tq * STEP_W
+        g = g_desc.load([n, p0, q0, k0]).reshape(BLOCK_K, BLOCK_M)
+        x = x_desc.load([n, p0 + r * dil_h - pad_h, q0 + s * dil_w - pad_w, c0]).reshape(BLOCK_K, BLOCK_N)
+        if UPCAST:  # the interpreter cannot do 16-bit arithmetic; exact products either way
+            g = g.to(tl.float32)
+            x = x.to(tl.float32)
+        acc = tl.dot(g.T, x, acc, out_dtype=tl.float32)
+    offs_k = k0 + tl.arange(0, BLOCK_M)
+    offs_c = c0 + tl.arange(0, BLOCK_N)
+    row = (split * tl.num_programs(1) + tap).to(tl.int64) * K * C
+    tl.store(out_ptr + row + offs_k[:, None] * C + offs_c[None, :], acc,
+             mask=(offs_k[:, None] < K) & (offs_c[None, :] < C))
+
+
 @triton.jit
 def conv2d_framed_dw_sum_kernel(partial_ptr, dw_ptr, SPLITS, KC, TAPS: tl.constexpr, BLOCK_S: tl.constexpr,
                                 BLOCK_T: tl.constexpr, BLOCK_KC: tl.constexpr):
@@ -522,18 +588,23 @@ def backward(gz: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, pad, dilat
     R, S = weight.shape[2], weight.shape[3]
     Hf, Wf = frame_dims(H, W, gz.shape[2], gz.shape[3], R, S, pad, dilation)
     rows_dw = dw is not None and x.element_size() <= 2  # 16-bit dW reads the row frame of gZ too
-    # channels-last gZ read in place when dX is channels-last too (NCHW dX keeps the frame's epilogue)
-    g_dims = nhwc_dims(gz) if dx is not None and dx.stride(1) == 1 else None
-    g = frame(gz, Hf, Wf) if (dx is not None and g_dims is None) or rows_dw else None
+    # Channels-last gZ and x are read in place: by dX when dX is channels-last too (an NCHW dX keeps
+    # the framed kernel's epilogue), by 16-bit dW when x is.
+    g_dims = nhwc_dims(gz) if (dx is not None and dx.stride(1) == 1) or rows_dw else None
+    x_dims = nhwc_dims(x) if rows_dw and g_dims is not None else None
+    in_place_dx = dx is not None and dx.stride(1) == 1 and g_dims is not None
+    g = frame(gz, Hf, Wf) if (dx is not None and not in_place_dx) or (rows_dw and x_dims is None) else None
     if dx is not None:
         (ph, pw), (dh, dw_) = pad, dilation
         kmajor = x.element_size() > 2  # 16-bit wgmma reads the forward's W as it is (MN-major)
         w_rows, dx_pad = _weight_rows(weight, transposed=kmajor), (dh * (R - 1) - ph, dw_ * (S - 1) - pw)
-        if g_dims is not None:
+        if in_place_dx:
             _nhwc_conv(gz, g_dims, w_rows, R, S, dx, None, None, dx_pad, dilation, True, 0, 0.0, w_kmajor=kmajor)
         else:
             _gemm(g, Hf, Wf, w_rows, R, S, dx, None, None, dx_pad, dilation, True, 0, 0.0, w_kmajor=kmajor)
-    if rows_dw:
+    if rows_dw and x_dims is not None:
+        _dw_nhwc(gz, g_dims, x, x_dims, dw, pad, dilation)
+    elif rows_dw:
         _dw_rows(g, frame(x, Hf, Wf), dw, Nb * Hf * Wf, pad, Wf, dilation)
     elif dw is not None:
         _dw_planar(gz, x, dw, Hf, runtime.cdiv(Wf, 4) * 4, pad, dilation)
@@ -597,6 +668,25 @@ def _dw_rows(g: torch.Tensor, f: torch.Tensor, dw: torch.Tensor, rows: int, pad,
     partials, per = _dw_partials(dw, rows, planar=False)
     _dw_launch(_descriptor(g, False), _descriptor(f, False), dw, partials, rows, -pad[0] * Wf - pad[1],
                dilation[0] * Wf, dilation[1], 0, 1, per, planar=False)
+    _dw_finish(partials, dw)
+
+
+def _dw_nhwc(gz: torch.Tensor, g_dims, x: torch.Tensor, x_dims, dw: torch.Tensor, pad, dilation) -> None:
+    """16-bit dw [K, C, R, S] from channels-last gZ and x read in place (``nhwc_dims``): one launch for
+    all taps, each step a box of pixels whose width wastes the least past Q (and height past P)."""
+    Nb, K, P, Q = gz.shape
+    C, R, S = x.shape[1], dw.shape[2], dw.shape[3]
+    pixels = (NHWC_DW_INTERPRETER_CONFIG if runtime.is_interpreter() else NHWC_DW_CONFIGS[0]).kwargs["BLOCK_K"]
+    widths = [w for w in (64, 32, 16, 8, 4, 2, 1) if w <= pixels]
+    step_w = min(widths, key=lambda w: runtime.cdiv(Q, w) * w * runtime.cdiv(P, pixels // w) * (pixels // w))
+    steps = Nb * runtime.cdiv(P, pixels // step_w) * runtime.cdiv(Q, step_w)
+    splits, per = dw_splits(steps, runtime.cdiv(K, 128) * runtime.cdiv(C, 128) * R * S)
+    partials = torch.empty((splits, R * S * K * C), dtype=torch.float32, device=dw.device)
+    grid = lambda meta: (runtime.cdiv(K, meta["BLOCK_M"]) * runtime.cdiv(C, meta["BLOCK_N"]), R * S, splits)
+    conv2d_nhwc_dw_kernel[grid](
+        _descriptor(gz, False, *g_dims), _descriptor(x, False, *x_dims), Nb, P, Q, K, C, pad[0], pad[1],
+        dilation[0], dilation[1], S, per, partials,
+        UPCAST=runtime.is_interpreter(), STEP_W=step_w)
     _dw_finish(partials, dw)
 
 
