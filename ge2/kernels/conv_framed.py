@@ -36,6 +36,10 @@ from ge2.kernels.gemm import _precision, _tile_coords, _tma_rounding, _tma_sms, 
 
 ENABLED = True  # off: stride-1 convs take the tap-major kernels (A/B comparisons)
 NHWC_DIRECT = True  # off: channels-last inputs are framed too (A/B comparisons)
+# 16-bit dW reads channels-last gZ and x in place up to K*C of this: two frame passes saved outweigh
+# its slower steps at 64x64 channels (fwd+bwd 200 -> 166 us at 64x64x56^2), not at 256x256 (109 -> 121
+# us at 64x256x14^2, where the frames are cheap against the GEMM work).
+NHWC_DW_MAX_KC = 128 * 128
 MIN_CHANNELS = 16  # channels on both sides of the GEMM (fewer: a 16-deep MMA step is mostly padding)
 
 
@@ -591,7 +595,8 @@ def backward(gz: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, pad, dilat
     # Channels-last gZ and x are read in place: by dX when dX is channels-last too (an NCHW dX keeps
     # the framed kernel's epilogue), by 16-bit dW when x is.
     g_dims = nhwc_dims(gz) if (dx is not None and dx.stride(1) == 1) or rows_dw else None
-    x_dims = nhwc_dims(x) if rows_dw and g_dims is not None else None
+    x_dims = nhwc_dims(x) if rows_dw and g_dims is not None and weight.shape[0] * weight.shape[1] <= NHWC_DW_MAX_KC \
+        else None
     in_place_dx = dx is not None and dx.stride(1) == 1 and g_dims is not None
     g = frame(gz, Hf, Wf) if (dx is not None and not in_place_dx) or (rows_dw and x_dims is None) else None
     if dx is not None:
