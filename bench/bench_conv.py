@@ -36,12 +36,13 @@ PREDICTION_1X1 = ("1x1 (N64 C128 H28 K128) through the GEMM kernels: 1.64 GFLOP 
                   "bf16 NHWC fwd ~10 us (0.75x cuDNN's 7.3), NCHW (batched GEMM, no TMA) ~12 us (0.8x of 9.3); "
                   "tf32 NHWC ~20 us (1.1x of 23), NCHW (MN-major X tiles) ~25 us (1.0x); fwd+bwd ~1.0x "
                   "bf16 and 1.1-1.3x tf32; tf32x3 vs cuDNN fp32 >= 1x")
-PREDICTION = ("stride-1 3x3 (one group, >= 16 channels) as TMA GEMMs over a framed copy of x (conv_framed): "
-              "GEMM ~0.75x of cuBLAS-class rate on the 1.15x (14^2) / 1.04x (56^2) framed work, + one frame "
-              "pass (~5 us at 64x256x14^2 bf16, ~17 us at 64x64x56^2); NCHW >= 1x cuDNN (its NCHW kernels "
-              "transpose too), NHWC fwd ~0.75x at 14^2 and ~0.6x at 56^2 (A re-read per tap from L2, no halo "
-              "reuse); fwd+bwd NHWC ~0.7x; 128x3x32^2 (flat reduction) and depthwise (direct) >= 1x; pooling "
-              "near torch's bandwidth")
+PREDICTION = ("stride-1 3x3 (one group, >= 16 channels) as TMA GEMMs (conv_framed); NCHW over a framed copy "
+              "of x (the transpose cuDNN's NCHW kernels make too): >= 1x cuDNN. Channels-last x read in place "
+              "through 4-D descriptors (no frame pass: -17 us at 64x64x56^2, -3.5 at 64x256x14^2; the scratch "
+              "kernel measured 55 / 28 us against cuDNN's 45 / 27): NHWC fwd ~0.8x at 56^2 (A re-read per tap "
+              "from L2, no halo reuse), ~1x at 14^2; bf16 fwd+bwd >= 0.75x once dX and (64-channel) dW read gZ "
+              "and x in place too; tf32 NHWC fwd+bwd stays ~0.55-0.7x (its dW needs pixel-major copies); "
+              "128x3x32^2 (flat reduction) and depthwise (direct) >= 1x; pooling near torch's bandwidth")
 
 # (N, C, H, K, r, groups, stride): the issue's shapes, and one strided ResNet downsampling layer.
 CONV_SHAPES = [
