@@ -20,6 +20,12 @@ frame rows at a constant shift: a plain 2-D TMA load, no address arithmetic, no 
   framed gZ (zero in the gaps), F the framed input: one GEMM per tap, the frame rows split
   across programs, fp32 partials added in a fixed order.
 
+* in place (``conv2d_nhwc_kernel``, ``conv2d_nhwc_dw_kernel``): a channels-last input with 16-byte
+  aligned pixel rows needs no frame. A 4-D descriptor reads it as [N, H, W, C]; a tile is BH x BW
+  output pixels of one image, tap (r, s) loads the box at the tap-shifted corner, and the copy
+  engine zero-fills what falls outside the image (the padding). dX likewise from channels-last
+  gZ; 16-bit dW from channels-last gZ and x (up to ``NHWC_DW_MAX_KC``).
+
 Gaps of ``max(pad, d*(R-1) - pad)`` rows/columns serve all three passes, so dX and dW share one
 framed gZ. The tap-major kernel of ``ge2.kernels.conv`` read X through per-pixel masked loads
 (cp.async) instead; this path needs Hopper's TMA (or the interpreter).
