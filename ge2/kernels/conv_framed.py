@@ -81,12 +81,16 @@ def _prune(configs, named_args, **kwargs):
     return [c for c in configs if c in space and c.kwargs["BLOCK_N"] <= max(64, k)] or space[-1:]
 
 
+def _dw_fitting(configs, a: dict) -> list:
+    """dW configs whose [K, C] tile is at most one power of two wider than K and than C."""
+    k, c = triton.next_power_of_2(a["K"]), triton.next_power_of_2(a["C"])
+    return [cf for cf in configs if cf.kwargs["BLOCK_M"] <= max(64, k) and cf.kwargs["BLOCK_N"] <= max(64, c)]
+
+
 def _prune_dw(configs, named_args, **kwargs):
     a = {**named_args, **kwargs}
     space = CONFIGS_16 if a["OPERAND_BYTES"] <= 2 else CONFIGS_32
-    k, c = triton.next_power_of_2(a["K"]), triton.next_power_of_2(a["C"])
-    return [cf for cf in configs if cf in space and cf.kwargs["BLOCK_M"] <= max(64, k)
-            and cf.kwargs["BLOCK_N"] <= max(64, c)] or space[-1:]
+    return _dw_fitting([cf for cf in configs if cf in space], a) or space[-1:]
 
 
 _SIZES = ["M", "Nb", "P", "Q", "Wf", "HfWf", "shift0", "tap_dh"]
@@ -322,10 +326,7 @@ NHWC_DW_INTERPRETER_CONFIG = tile_config(32, 32, 16, 4, 1, pre_hook=_nhwc_dw_blo
 
 
 def _prune_nhwc_dw(configs, named_args, **kwargs):
-    a = {**named_args, **kwargs}
-    k, c = triton.next_power_of_2(a["K"]), triton.next_power_of_2(a["C"])
-    return [cf for cf in configs if cf.kwargs["BLOCK_M"] <= max(64, k) and cf.kwargs["BLOCK_N"] <= max(64, c)] \
-        or configs[-1:]
+    return _dw_fitting(configs, {**named_args, **kwargs}) or configs[-1:]
 
 
 @runtime.autotune(NHWC_DW_CONFIGS, key=["Nb", "P", "Q", "K", "C", "S", "SPLIT_STEPS", "STEP_W"],
@@ -552,8 +553,6 @@ def _nhwc_conv(src: torch.Tensor, dims: tuple[list[int], list[int]], w_rows: tor
                code: int, act_alpha: float, w_kmajor: bool = True) -> None:
     """out [N, K, P, Q] (and z) = act(conv(src [N, C, H, W], w_rows) + bias) as ``_gemm``, src read in
     place through ``nhwc_dims``'s 4-D descriptor (no frame); out stored by TMA where it can be."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
     Nb, K, P, Q = out.shape
     C = dims[0][3]
     precision = _precision(src.dtype)
@@ -561,8 +560,8 @@ def _nhwc_conv(src: torch.Tensor, dims: tuple[list[int], list[int]], w_rows: tor
     x_desc, w_desc = _descriptor(src, round_tf32, *dims), _descriptor(w_rows, round_tf32)
     y_dims, z_dims = nhwc_dims(out), nhwc_dims(z) if z is not None else None
     tma_out = y_dims is not None and (z is None or z_dims == y_dims)  # z is stored through y's strides
-    y_desc = TensorDescriptor(out, *y_dims, [1, 1, 16, 16]) if tma_out else None
-    z_desc = TensorDescriptor(z, *z_dims, [1, 1, 16, 16]) if tma_out and z is not None else None
+    y_desc = _descriptor(out, False, *y_dims) if tma_out else None
+    z_desc = _descriptor(z, False, *z_dims) if tma_out and z is not None else None
     grid = lambda meta: (Nb * runtime.cdiv(P, meta["BH"]) * runtime.cdiv(Q, meta["BW"])
                          * runtime.cdiv(K, meta["BLOCK_N"]),)
     conv2d_nhwc_kernel[grid](
@@ -600,10 +599,11 @@ def backward(gz: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, pad, dilat
     rows_dw = dw is not None and x.element_size() <= 2  # 16-bit dW reads the row frame of gZ too
     # Channels-last gZ and x are read in place: by dX when dX is channels-last too (an NCHW dX keeps
     # the framed kernel's epilogue), by 16-bit dW when x is.
-    g_dims = nhwc_dims(gz) if (dx is not None and dx.stride(1) == 1) or rows_dw else None
-    x_dims = nhwc_dims(x) if rows_dw and g_dims is not None and weight.shape[0] * weight.shape[1] <= NHWC_DW_MAX_KC \
-        else None
-    in_place_dx = dx is not None and dx.stride(1) == 1 and g_dims is not None
+    nhwc_dx = dx is not None and dx.stride(1) == 1
+    g_dims = nhwc_dims(gz) if nhwc_dx or rows_dw else None
+    in_place_dx = nhwc_dx and g_dims is not None
+    dw_candidate = rows_dw and g_dims is not None and weight.shape[0] * weight.shape[1] <= NHWC_DW_MAX_KC
+    x_dims = nhwc_dims(x) if dw_candidate else None
     g = frame(gz, Hf, Wf) if (dx is not None and not in_place_dx) or (rows_dw and x_dims is None) else None
     if dx is not None:
         (ph, pw), (dh, dw_) = pad, dilation
@@ -613,7 +613,7 @@ def backward(gz: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, pad, dilat
             _nhwc_conv(gz, g_dims, w_rows, R, S, dx, None, None, dx_pad, dilation, True, 0, 0.0, w_kmajor=kmajor)
         else:
             _gemm(g, Hf, Wf, w_rows, R, S, dx, None, None, dx_pad, dilation, True, 0, 0.0, w_kmajor=kmajor)
-    if rows_dw and x_dims is not None:
+    if x_dims is not None:
         _dw_nhwc(gz, g_dims, x, x_dims, dw, pad, dilation)
     elif rows_dw:
         _dw_rows(g, frame(x, Hf, Wf), dw, Nb * Hf * Wf, pad, Wf, dilation)
@@ -649,14 +649,17 @@ def _dw_launch(g_desc, x_desc, dw: torch.Tensor, partials: torch.Tensor, rows: i
         UPCAST=runtime.is_interpreter() and dw.element_size() == 2)
 
 
-def _dw_partials(dw: torch.Tensor, rows: int, planar: bool) -> tuple[torch.Tensor, int]:
-    """(partials [splits, R*S*K*C] fp32, steps per split) for dW's reduction over ``rows`` frame rows."""
-    K, C, R, S = dw.shape
-    tiles = runtime.cdiv(K, 128) * runtime.cdiv(C, 128) * R * S
-    # Splits are cut in whole steps of BLOCK_K rows (all GPU configs of one operand width share it).
+def _frame_steps(rows: int, planar: bool) -> int:
+    """Steps of dW's reduction over ``rows`` frame rows: whole BLOCK_K rows (all GPU configs of one
+    operand width share it)."""
     space = CONFIGS_32 if planar else CONFIGS_16
-    step_rows = (INTERPRETER_CONFIG if runtime.is_interpreter() else space[0]).kwargs["BLOCK_K"]
-    splits, per = dw_splits(runtime.cdiv(rows, step_rows), tiles)
+    return runtime.cdiv(rows, (INTERPRETER_CONFIG if runtime.is_interpreter() else space[0]).kwargs["BLOCK_K"])
+
+
+def _dw_partials(dw: torch.Tensor, steps: int) -> tuple[torch.Tensor, int]:
+    """(partials [splits, R*S*K*C] fp32, steps per split) for dW's reduction of ``steps`` steps."""
+    K, C, R, S = dw.shape
+    splits, per = dw_splits(steps, runtime.cdiv(K, 128) * runtime.cdiv(C, 128) * R * S)
     return torch.empty((splits, R * S * K * C), dtype=torch.float32, device=dw.device), per
 
 
@@ -676,7 +679,7 @@ def _dw_finish(partials: torch.Tensor, dw: torch.Tensor) -> None:
 
 def _dw_rows(g: torch.Tensor, f: torch.Tensor, dw: torch.Tensor, rows: int, pad, Wf: int, dilation) -> None:
     """16-bit dw [K, C, R, S] from the row frames of gZ (g) and x (f): one launch for all taps."""
-    partials, per = _dw_partials(dw, rows, planar=False)
+    partials, per = _dw_partials(dw, _frame_steps(rows, planar=False))
     _dw_launch(_descriptor(g, False), _descriptor(f, False), dw, partials, rows, -pad[0] * Wf - pad[1],
                dilation[0] * Wf, dilation[1], 0, 1, per, planar=False)
     _dw_finish(partials, dw)
@@ -690,10 +693,9 @@ def _dw_nhwc(gz: torch.Tensor, g_dims, x: torch.Tensor, x_dims, dw: torch.Tensor
     pixels = (NHWC_DW_INTERPRETER_CONFIG if runtime.is_interpreter() else NHWC_DW_CONFIGS[0]).kwargs["BLOCK_K"]
     widths = [w for w in (64, 32, 16, 8, 4, 2, 1) if w <= pixels]
     step_w = min(widths, key=lambda w: runtime.cdiv(Q, w) * w * runtime.cdiv(P, pixels // w) * (pixels // w))
-    steps = Nb * runtime.cdiv(P, pixels // step_w) * runtime.cdiv(Q, step_w)
-    splits, per = dw_splits(steps, runtime.cdiv(K, 128) * runtime.cdiv(C, 128) * R * S)
-    partials = torch.empty((splits, R * S * K * C), dtype=torch.float32, device=dw.device)
-    grid = lambda meta: (runtime.cdiv(K, meta["BLOCK_M"]) * runtime.cdiv(C, meta["BLOCK_N"]), R * S, splits)
+    partials, per = _dw_partials(dw, Nb * runtime.cdiv(P, pixels // step_w) * runtime.cdiv(Q, step_w))
+    grid = lambda meta: (runtime.cdiv(K, meta["BLOCK_M"]) * runtime.cdiv(C, meta["BLOCK_N"]), R * S,
+                         partials.shape[0])
     conv2d_nhwc_dw_kernel[grid](
         _descriptor(gz, False, *g_dims), _descriptor(x, False, *x_dims), Nb, P, Q, K, C, pad[0], pad[1],
         dilation[0], dilation[1], S, per, partials,
@@ -714,7 +716,7 @@ def _dw_planar(gz: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, Hf: int, Wf:
     rows = Nb * Hf * Wf
     round_tf32 = _precision(x.dtype) == "tf32" and not runtime.is_interpreter()
     g_desc = _descriptor(frame(gz, Hf, Wf, planar=True), round_tf32)
-    partials, per = _dw_partials(dw, rows, planar=True)
+    partials, per = _dw_partials(dw, _frame_steps(rows, planar=True))
     (ph, pw), (dh, dw_) = pad, dilation
     lead = 4 * runtime.cdiv(max(ph * Wf + pw, 0), 4)  # zero columns that keep the reads at >= 0 too
     launched = set()

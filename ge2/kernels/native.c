@@ -787,9 +787,8 @@ static PyObject *s_forward, *s_base, *s_grad_enabled, *zero;
 enum { SLOT_DATA, SLOT_REQUIRES_GRAD, SLOT_GRAD, SLOT_GRAD_FN, SLOT_OUT_IDX, SLOT_VERSION, N_SLOTS };
 static const char *slot_names[N_SLOTS] = {"data", "_requires_grad", "grad", "grad_fn", "_out_idx", "_version_counter"};
 static Py_ssize_t slot_offset[N_SLOTS];
-#define MAX_APPLY_ARGS 64
-#define NO_GRAD_TUPLES 16
-static PyObject *no_grad_needs[NO_GRAD_TUPLES];  // (False,) * n
+#define MAX_APPLY_ARGS 16  // more arguments: the Python apply
+static PyObject *no_grad_needs[MAX_APPLY_ARGS];  // (False,) * n
 
 static PyObject *set_autograd(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 6 || !PyType_Check(args[0]) || !PyType_Check(args[5])) {
@@ -809,7 +808,7 @@ static PyObject *set_autograd(PyObject *self, PyObject *const *args, Py_ssize_t 
       return NULL;
     }
   }
-  for (Py_ssize_t n = 0; n < NO_GRAD_TUPLES; n++) {
+  for (Py_ssize_t n = 0; n < MAX_APPLY_ARGS; n++) {
     if (no_grad_needs[n] != NULL) continue;
     no_grad_needs[n] = PyTuple_New(n);
     if (no_grad_needs[n] == NULL) return NULL;
@@ -915,8 +914,8 @@ static PyObject *function_apply(PyObject *self, PyObject *const *args, Py_ssize_
     return NULL;
   }
   Py_ssize_t n = nargs - 1, n_tensors = 0;
-  if (n >= NO_GRAD_TUPLES || n >= MAX_APPLY_ARGS) return PyObject_Vectorcall(a_python_apply, args, nargs, NULL);
-  PyObject *raw[MAX_APPLY_ARGS + 1], *tensors[MAX_APPLY_ARGS];
+  if (n >= MAX_APPLY_ARGS) return PyObject_Vectorcall(a_python_apply, args, nargs, NULL);
+  PyObject *raw[MAX_APPLY_ARGS], *tensors[MAX_APPLY_ARGS];
   int needs = 0;
   for (Py_ssize_t i = 0; i < n; i++) {
     PyObject *a = args[i + 1];
