@@ -96,6 +96,14 @@ def test_conv2d_fused_activation(act):
     _check_conv(CASES[1], "nhwc", act=act, slope=0.2, seed=5)
 
 
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_depthwise_large_strided_dilated_kernel_with_activation(layout):
+    # 20 taps: past DEPTHWISE_HOISTED_TAPS the forward loads each weight at its use. Row stride 2
+    # and dilation 2 make output row j's tap r and row j+1's tap r-1 read the same input row,
+    # which the kernels load once for both (and gelu keeps Z for its backward).
+    _check_conv((2, 4, 11, 8, 4, (5, 4), (2, 1), 2, (2, 1), 4), layout, act="gelu", seed=31)
+
+
 def test_conv2d_no_bias_and_activation_without_bias():
     _check_conv(CASES[0], "nchw", bias=False, seed=11)
     _check_conv(CASES[3], "nhwc", bias=False, act="gelu", seed=12)

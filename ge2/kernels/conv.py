@@ -609,28 +609,80 @@ def _dw_dot_loop(gy_ptr, saved_ptr, x_cols, H, W, P, Q, QBLKS, k_abs, mask_m, ma
 
 
 # ---------------------------------------------------------------------------------------------
-# Depthwise (one input and one output channel per group): direct stencils, memory-bound.
-# A program owns one output row (n, p) x BLOCK_Q columns x BLOCK_C channels; loads are coalesced
-# along q in NCHW (stride_w == 1 is specialised) and along c in NHWC.
+# Depthwise (one input and one output channel per group): direct stencils on the CUDA cores.
+# Both are bound by instructions, not bytes (a per-tap load, its address and mask cost more than
+# the tap's FMA), so each input row tile is loaded once per column shift s and feeds every output
+# row (forward) or every tap (dW) that reads it: a program owns BP output rows of one image, its
+# accumulators are a tuple unrolled at compile time (rows, or taps for dW), and the row offsets
+# j*SH + r*DH that coincide are resolved at compile time too (SH, DH: constexpr row stride and
+# dilation). Loads are coalesced along whichever of (q, c) is contiguous.
 # ---------------------------------------------------------------------------------------------
 
-DEPTHWISE_CONFIGS = [
-    triton.Config({"BLOCK_Q": 32, "BLOCK_C": 64}, num_warps=4),
-    triton.Config({"BLOCK_Q": 16, "BLOCK_C": 128}, num_warps=4),
-    triton.Config({"BLOCK_Q": 64, "BLOCK_C": 32}, num_warps=4),
-    triton.Config({"BLOCK_Q": 8, "BLOCK_C": 128}, num_warps=4),
+# (BP output rows, BLOCK_Q columns, BLOCK_C channels, warps): NHWC tiles run along channels,
+# NCHW tiles along the row (the contiguous axis). BP = 7 divides the usual 7 * 2^k feature maps.
+DEPTHWISE_CONFIGS_NHWC = [
+    triton.Config({"BP": 7, "BLOCK_Q": 4, "BLOCK_C": 64}, num_warps=2),
+    triton.Config({"BP": 7, "BLOCK_Q": 4, "BLOCK_C": 128}, num_warps=4),
+    triton.Config({"BP": 7, "BLOCK_Q": 8, "BLOCK_C": 64}, num_warps=4),
+    triton.Config({"BP": 4, "BLOCK_Q": 4, "BLOCK_C": 64}, num_warps=2),
 ]
-DEPTHWISE_INTERPRETER_CONFIG = triton.Config({"BLOCK_Q": 8, "BLOCK_C": 16}, num_warps=4)
+DEPTHWISE_CONFIGS_NCHW = [
+    triton.Config({"BP": 7, "BLOCK_Q": 32, "BLOCK_C": 16}, num_warps=4),
+    triton.Config({"BP": 7, "BLOCK_Q": 32, "BLOCK_C": 32}, num_warps=4),
+    triton.Config({"BP": 4, "BLOCK_Q": 32, "BLOCK_C": 16}, num_warps=4),
+    triton.Config({"BP": 2, "BLOCK_Q": 32, "BLOCK_C": 32}, num_warps=4),
+]
+# dW: the R*S accumulators are the tile; NHWC tiles run along channels, NCHW along the row.
+DEPTHWISE_DW_CONFIGS_NHWC = [
+    triton.Config({"BP": 4, "BLOCK_Q": 16, "BLOCK_C": 32}, num_warps=4),
+    triton.Config({"BP": 2, "BLOCK_Q": 16, "BLOCK_C": 32}, num_warps=4),
+    triton.Config({"BP": 4, "BLOCK_Q": 8, "BLOCK_C": 64}, num_warps=4),
+    triton.Config({"BP": 2, "BLOCK_Q": 32, "BLOCK_C": 32}, num_warps=4),
+]
+DEPTHWISE_DW_CONFIGS_NCHW = [
+    triton.Config({"BP": 2, "BLOCK_Q": 32, "BLOCK_C": 16}, num_warps=4),
+    triton.Config({"BP": 2, "BLOCK_Q": 32, "BLOCK_C": 32}, num_warps=8),
+    triton.Config({"BP": 4, "BLOCK_Q": 32, "BLOCK_C": 16}, num_warps=4),
+    triton.Config({"BP": 2, "BLOCK_Q": 16, "BLOCK_C": 32}, num_warps=4),
+]
+# Large kernels (7x7: 49 accumulators) need small tiles; this one always fits.
+DEPTHWISE_SMALL_CONFIG = triton.Config({"BP": 1, "BLOCK_Q": 8, "BLOCK_C": 16}, num_warps=4)
+DEPTHWISE_INTERPRETER_CONFIG = triton.Config({"BP": 2, "BLOCK_Q": 8, "BLOCK_C": 16}, num_warps=4)
+# Accumulator floats per thread a depthwise config may hold (more spills to local memory).
+DEPTHWISE_ACC_REGS = 96
+# Weight taps per program that the forward keeps in registers (more are loaded at each use).
+DEPTHWISE_HOISTED_TAPS = tl.constexpr(16)
 
 
 def _prune_depthwise(configs, named_args, **kwargs):
+    """The layout's tiles whose accumulators fit in registers; one config for small problems."""
     a = named_args
+    nhwc = a["sxc"] == 1 and a["C"] > 1
+    dw_kernel = "gz_ptr" in a
+    if dw_kernel:
+        space = DEPTHWISE_DW_CONFIGS_NHWC if nhwc else DEPTHWISE_DW_CONFIGS_NCHW
+        accs = lambda c: a["R"] * a["S"]  # noqa: E731
+    else:
+        space = DEPTHWISE_CONFIGS_NHWC if nhwc else DEPTHWISE_CONFIGS_NCHW
+        accs = lambda c: c.kwargs["BP"]  # noqa: E731
+    keep = [c for c in space if accs(c) * c.kwargs["BLOCK_Q"] * c.kwargs["BLOCK_C"]
+            <= DEPTHWISE_ACC_REGS * 32 * c.num_warps] or [DEPTHWISE_SMALL_CONFIG]
     if a["N"] * a["P"] * a["Q"] * a["C"] < (1 << 20):
-        return configs[:1]
-    return configs
+        return keep[:1]
+    return keep
 
 
-@runtime.autotune(DEPTHWISE_CONFIGS, key=["N", "C", "H", "W", "P", "Q", "R", "S", "sxc", "syk"],
+@triton.constexpr_function
+def _row_offset_used(o, BP, R, SH, DH):
+    """Whether input row offset o (from the first output row's top tap) is some j*SH + r*DH."""
+    return any(j * SH + r * DH == o for j in range(BP) for r in range(R))
+
+
+_DEPTHWISE_ALL = DEPTHWISE_CONFIGS_NHWC + DEPTHWISE_CONFIGS_NCHW + [DEPTHWISE_SMALL_CONFIG]
+_DEPTHWISE_DW_ALL = DEPTHWISE_DW_CONFIGS_NHWC + DEPTHWISE_DW_CONFIGS_NCHW + [DEPTHWISE_SMALL_CONFIG]
+
+
+@runtime.autotune(_DEPTHWISE_ALL, key=["N", "C", "H", "W", "P", "Q", "R", "S", "SH", "DH", "sxc", "syk"],
                   default=DEPTHWISE_INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_depthwise},
                   do_bench=runtime.tuning_bench)
 @triton.jit(do_not_specialize=_DW_SIZES)
@@ -638,78 +690,112 @@ def conv2d_depthwise_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, z_ptr,
     N, C, H, W, P, Q, R: tl.constexpr, S: tl.constexpr,
     sxn, sxc, sxh, sxw, swk, swr, sws, w_base, syn, syk, syp, syq, sbias,
-    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, act_alpha,
+    SH: tl.constexpr, stride_w, pad_h, pad_w, DH: tl.constexpr, dil_w, act_alpha,
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SAVE_Z: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr,
+    BP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """Y[n, c, p, q] = act(sum_{r,s} X[n, c, p*sh - ph + r*dh, q*sw - pw + s*dw] * W[c, r, s] + b[c])
-    for row n*P + p = program_id(0); W[c, r, s] at w_ptr + w_base + c*swk + r*swr + s*sws."""
-    row = tl.program_id(0)
-    n = row // P
-    p = row % P
+    """Y[n, c, p, q] = act(sum_{r,s} X[n, c, p*SH - ph + r*DH, q*sw - pw + s*dw] * W[c, r, s] + b[c])
+    for rows p0 .. p0+BP-1 of image n; W[c, r, s] at w_ptr + w_base + c*swk + r*swr + s*sws."""
+    pid = tl.program_id(0)
+    p_blocks = tl.cdiv(P, BP)
+    n = pid // p_blocks
+    p0 = (pid % p_blocks) * BP
     offs_q = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     offs_c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_q = offs_q < Q
     mask_c = offs_c < C
     x_base = x_ptr + n.to(tl.int64) * sxn + offs_c[None, :].to(tl.int64) * sxc  # [1, BLOCK_C]
     w_cols = w_ptr + w_base + offs_c * swk
-    acc = tl.zeros((BLOCK_Q, BLOCK_C), dtype=tl.float32)
-    for r in tl.static_range(R):  # unrolled: every tap's load in flight at once
-        hi = p * stride_h - pad_h + r * dil_h
-        row_ok = (hi >= 0) & (hi < H)
-        for s in tl.static_range(S):
-            wi = offs_q * stride_w - pad_w + s * dil_w
-            ok = (mask_q & (wi >= 0) & (wi < W) & row_ok)[:, None] & mask_c[None, :]
-            xv = tl.load(x_base + hi * sxh + (wi * sxw)[:, None], mask=ok, other=0.0)
-            wv = tl.load(w_cols + r * swr + s * sws, mask=mask_c, other=0.0)
-            acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
-    z = acc
+    HOIST: tl.constexpr = R * S <= DEPTHWISE_HOISTED_TAPS
+    taps = ()
+    if HOIST:
+        for t in tl.static_range(R * S):
+            taps = taps + (tl.load(w_cols + (t // S) * swr + (t % S) * sws, mask=mask_c, other=0.0).to(tl.float32),)
+    accs = ()
+    for j in tl.static_range(BP):
+        accs = accs + (tl.zeros((BLOCK_Q, BLOCK_C), dtype=tl.float32),)
+    h0 = p0 * SH - pad_h
+    for o in tl.static_range((BP - 1) * SH + (R - 1) * DH + 1):
+        if _row_offset_used(o, BP, R, SH, DH):
+            hi = h0 + o
+            row_ok = (hi >= 0) & (hi < H)
+            for s in tl.static_range(S):
+                wi = offs_q * stride_w - pad_w + s * dil_w
+                ok = (row_ok & mask_q & (wi >= 0) & (wi < W))[:, None] & mask_c[None, :]
+                xv = tl.load(x_base + hi * sxh + (wi * sxw)[:, None], mask=ok, other=0.0).to(tl.float32)
+                for j in tl.static_range(BP):
+                    for r in tl.static_range(R):
+                        if j * SH + r * DH == o:
+                            if HOIST:
+                                wv = taps[r * S + s]
+                            else:
+                                wv = tl.load(w_cols + r * swr + s * sws, mask=mask_c, other=0.0).to(tl.float32)
+                            accs = accs[:j] + (accs[j] + xv * wv[None, :],) + accs[j + 1:]
     if HAS_BIAS:
-        z += tl.load(bias_ptr + offs_c * sbias, mask=mask_c, other=0.0).to(tl.float32)[None, :]
-    y_offs = n.to(tl.int64) * syn + p * syp + (offs_q * syq)[:, None] + offs_c[None, :].to(tl.int64) * syk
-    mask = mask_q[:, None] & mask_c[None, :]
-    if SAVE_Z:
-        tl.store(z_ptr + y_offs, z.to(z_ptr.dtype.element_ty), mask=mask)
-    y = act_fwd(z, ACT, act_alpha)
-    tl.store(y_ptr + y_offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        bias = tl.load(bias_ptr + offs_c * sbias, mask=mask_c, other=0.0).to(tl.float32)
+    for j in tl.static_range(BP):
+        p = p0 + j
+        z = accs[j]
+        if HAS_BIAS:
+            z += bias[None, :]
+        y_offs = n.to(tl.int64) * syn + p * syp + (offs_q * syq)[:, None] + offs_c[None, :].to(tl.int64) * syk
+        mask = (mask_q & (p < P))[:, None] & mask_c[None, :]
+        if SAVE_Z:
+            tl.store(z_ptr + y_offs, z.to(z_ptr.dtype.element_ty), mask=mask)
+        y = act_fwd(z, ACT, act_alpha)
+        tl.store(y_ptr + y_offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@runtime.autotune(DEPTHWISE_CONFIGS, key=["N", "C", "H", "W", "P", "Q", "R", "S", "sxc", "ROWS"],
+@runtime.autotune(_DEPTHWISE_DW_ALL, key=["N", "C", "H", "W", "P", "Q", "R", "S", "SH", "DH", "sxc", "sgk"],
                   default=DEPTHWISE_INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_depthwise},
                   do_bench=runtime.tuning_bench)
-@triton.jit(do_not_specialize=_DW_SIZES + ["ROWS"])
+@triton.jit(do_not_specialize=_DW_SIZES)
 def conv2d_depthwise_dw_kernel(
     gz_ptr, x_ptr, out_ptr,
-    N, C, H, W, P, Q, R: tl.constexpr, S: tl.constexpr, ROWS,
+    N, C, H, W, P, Q, R: tl.constexpr, S: tl.constexpr,
     sgn, sgk, sgp, sgq, sxn, sxc, sxh, sxw,
-    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-    BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr,
+    SH: tl.constexpr, stride_w, pad_h, pad_w, DH: tl.constexpr, dil_w,
+    BP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """out[split, c, tap] = sum over output rows [split*ROWS, (split+1)*ROWS) of N*P and all q of
-    gZ[n, c, p, q] * X[n, c, p*sh - ph + r*dh, q*sw - pw + s*dw]; tap = program_id(1), split = program_id(2)."""
+    """out[split, c, r*S + s] = sum over split's (image, BP-row block)s and all q of
+    gZ[n, c, p, q] * X[n, c, p*SH - ph + r*DH, q*sw - pw + s*dw]; split = program_id(1) of num_programs(1)."""
     offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    tap = tl.program_id(1)
-    split = tl.program_id(2)
-    r = tap // S
-    s = tap % S
+    split = tl.program_id(1)
     mask_c = offs_c < C
-    acc = tl.zeros((BLOCK_Q, BLOCK_C), dtype=tl.float32)
-    for row in range(split * ROWS, tl.minimum(split * ROWS + ROWS, N * P)):
-        n = row // P
-        p = row % P
-        hi = p * stride_h - pad_h + r * dil_h
-        row_ok = (hi >= 0) & (hi < H)
-        g_row = gz_ptr + n.to(tl.int64) * sgn + p * sgp + offs_c[None, :].to(tl.int64) * sgk
-        x_row = x_ptr + n.to(tl.int64) * sxn + hi * sxh + offs_c[None, :].to(tl.int64) * sxc
+    p_blocks = tl.cdiv(P, BP)
+    blocks = tl.cdiv(N * p_blocks, tl.num_programs(1))
+    accs = ()
+    for t in tl.static_range(R * S):
+        accs = accs + (tl.zeros((BLOCK_Q, BLOCK_C), dtype=tl.float32),)
+    for blk in range(split * blocks, tl.minimum(split * blocks + blocks, N * p_blocks)):
+        n = blk // p_blocks
+        p0 = (blk % p_blocks) * BP
+        h0 = p0 * SH - pad_h
+        g_base = gz_ptr + n.to(tl.int64) * sgn + offs_c[None, :].to(tl.int64) * sgk
+        x_base = x_ptr + n.to(tl.int64) * sxn + offs_c[None, :].to(tl.int64) * sxc
         for q0 in range(0, Q, BLOCK_Q):
-            q = q0 + tl.arange(0, BLOCK_Q)
-            wi = q * stride_w - pad_w + s * dil_w
-            q_ok = (q < Q)[:, None] & mask_c[None, :]
-            gv = tl.load(g_row + (q * sgq)[:, None], mask=q_ok, other=0.0)
-            xv = tl.load(x_row + (wi * sxw)[:, None], mask=q_ok & ((wi >= 0) & (wi < W) & row_ok)[:, None],
-                         other=0.0)
-            acc += gv.to(tl.float32) * xv.to(tl.float32)
-    tl.store(out_ptr + (split.to(tl.int64) * C + offs_c) * (R * S) + tap, tl.sum(acc, axis=0), mask=mask_c)
+            offs_q = q0 + tl.arange(0, BLOCK_Q)
+            mask_q = offs_q < Q
+            gz_rows = ()
+            for j in tl.static_range(BP):
+                ok = (mask_q & (p0 + j < P))[:, None] & mask_c[None, :]
+                gz_rows = gz_rows + (tl.load(g_base + (p0 + j) * sgp + (offs_q * sgq)[:, None], mask=ok,
+                                             other=0.0).to(tl.float32),)
+            for o in tl.static_range((BP - 1) * SH + (R - 1) * DH + 1):
+                if _row_offset_used(o, BP, R, SH, DH):
+                    hi = h0 + o
+                    row_ok = (hi >= 0) & (hi < H)
+                    for s in tl.static_range(S):
+                        wi = offs_q * stride_w - pad_w + s * dil_w
+                        ok = (row_ok & mask_q & (wi >= 0) & (wi < W))[:, None] & mask_c[None, :]
+                        xv = tl.load(x_base + hi * sxh + (wi * sxw)[:, None], mask=ok, other=0.0).to(tl.float32)
+                        for j in tl.static_range(BP):
+                            for r in tl.static_range(R):
+                                if j * SH + r * DH == o:
+                                    accs = (accs[:r * S + s] + (accs[r * S + s] + gz_rows[j] * xv,)
+                                            + accs[r * S + s + 1:])
+    for t in tl.static_range(R * S):
+        tl.store(out_ptr + (split.to(tl.int64) * C + offs_c) * (R * S) + t, tl.sum(accs[t], axis=0), mask=mask_c)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -810,12 +896,13 @@ def _launch_depthwise(x: torch.Tensor, wv: _WeightView, bias: torch.Tensor | Non
     """Y = act(depthwise conv(x, W) + bias), one input and one output channel per group."""
     Nb, C, H, W = x.shape
     P, Q = y.shape[2], y.shape[3]
-    grid = lambda meta: (Nb * P, runtime.cdiv(Q, meta["BLOCK_Q"]), runtime.cdiv(C, meta["BLOCK_C"]))
+    grid = lambda meta: (Nb * runtime.cdiv(P, meta["BP"]), runtime.cdiv(Q, meta["BLOCK_Q"]),
+                         runtime.cdiv(C, meta["BLOCK_C"]))
     conv2d_depthwise_kernel[grid](
         x, wv.tensor, bias if bias is not None else y, y, z if z is not None else y,
         Nb, C, H, W, P, Q, R, S,
         *x.stride(), wv.sk, wv.sr, wv.ss, wv.base_off, *y.stride(), bias.stride(0) if bias is not None else 0,
-        *geo.stride, *geo.pad, *geo.dilation, float(act_alpha),
+        geo.stride[0], geo.stride[1], *geo.pad, geo.dilation[0], geo.dilation[1], float(act_alpha),
         HAS_BIAS=bias is not None, ACT=code, SAVE_Z=z is not None,
     )
 
@@ -1023,8 +1110,9 @@ DW_DIRECT_MACS = {"ieee": 1 << 28, "tf32x3": 1 << 28, "tf32": 1 << 25}
 # (a 14-wide row alone is a 16-deep step: one bf16 MMA per loop trip, mostly loop overhead).
 DW_STEP_PIXELS = 64
 DB_PIXELS = tl.constexpr(256)  # pixels per step of dW's bias-gradient programs (conv2d_dw_kernel)
-# The depthwise dW (a direct reduction, 8+ rows per split) aims at ~2 waves.
-DEPTHWISE_DW_TARGET_PROGRAMS = 264
+# The depthwise dW splits its N*P rows (4+ per split) into about this many programs at 32 channels
+# a program (more for narrower tiles); each split's taps are fp32 partials added in a fixed order.
+DEPTHWISE_DW_TARGET_PROGRAMS = 4 if runtime.is_interpreter() else 528  # interpreter: a few, to test the sum
 
 
 def _direct_dw(dtype: torch.dtype, macs: int) -> bool:
@@ -1106,17 +1194,13 @@ def _dw(gy: torch.Tensor, saved: torch.Tensor | None, x: torch.Tensor, weight: t
         return dw, db
     if _is_depthwise(weight, geo.groups):
         assert code == activations.NONE and not with_db, "depthwise dW takes a formed gZ, db apart"
-        rows = Nb * P
-        tiles = runtime.cdiv(C, 64) * R * S
-        splits = max(1, min(runtime.cdiv(DEPTHWISE_DW_TARGET_PROGRAMS, tiles), rows // 8))
-        split_rows = runtime.cdiv(rows, splits)
-        splits = runtime.cdiv(rows, split_rows)
+        splits = max(1, min(runtime.cdiv(DEPTHWISE_DW_TARGET_PROGRAMS, runtime.cdiv(C, 32)), runtime.cdiv(Nb * P, 4)))
         out = dw if splits == 1 and dw.dtype == torch.float32 else torch.empty(
             (splits, dw.numel()), dtype=torch.float32, device=dw.device)
-        grid = lambda meta: (runtime.cdiv(C, meta["BLOCK_C"]), R * S, splits)
+        grid = lambda meta: (runtime.cdiv(C, meta["BLOCK_C"]), splits)
         conv2d_depthwise_dw_kernel[grid](
-            gy, x, out, Nb, C, H, W, P, Q, R, S, split_rows,
-            *gy.stride(), *x.stride(), *geo.stride, *geo.pad, *geo.dilation)
+            gy, x, out, Nb, C, H, W, P, Q, R, S, *gy.stride(), *x.stride(),
+            geo.stride[0], geo.stride[1], *geo.pad, geo.dilation[0], geo.dilation[1])
         if out is not dw:
             sum_partials(out, flat)
         return dw, db
