@@ -79,9 +79,11 @@ TAP_MIN_CHANNELS = 16
 # Problems under this many multiply-adds are launch-bound: one config, no tuning.
 SMALL_PROBLEM = 1 << 24
 # fp32 flat convs with at most this many reduction elements (Cg*R*S) run as direct FMA loops
-# (``DIRECT``), in every precision mode; "ieee" takes them at any length (Triton's fp32 FMA dot
-# is slower than the plain rank-1 loop).
-DIRECT_MAX_REDUCTION = 32
+# (``DIRECT``), per matmul precision; "ieee" takes them at any length (Triton's fp32 FMA dot is
+# slower than the plain rank-1 loop). tf32 keeps only the tiny ones (an MNIST stem's 9 taps, 9/32
+# of a tensor-core step): an RGB stem's 27 take one tf32 step (H100, 128x3x32^2 -> 64 NHWC: 26 us
+# against the direct loop's 34; bench/results/conv.json).
+DIRECT_MAX_REDUCTION = {"ieee": 1 << 30, "tf32x3": 32, "tf32": 16}
 
 # ---------------------------------------------------------------------------------------------
 # Config space (Hopper). Tap-major tiles: 16-bit operands take 64-deep K steps, fp32 ones 32-deep
@@ -106,6 +108,7 @@ CONFIGS_TAP_32 = [
 ]
 CONFIGS_FLAT = [
     tile_config(128, 64, 32, 4, 2),
+    tile_config(128, 64, 32, 4, 1),  # one-step reductions (a stem's 27): 26 vs 43 us fp32 at two stages
     tile_config(256, 64, 32, 8, 2),
     tile_config(64, 64, 32, 4, 2),
     tile_config(128, 128, 32, 8, 2),
@@ -866,8 +869,7 @@ def _launch_fwd(x: torch.Tensor, wv: _WeightView, bias: torch.Tensor | None, y: 
     K, P, Q = y.shape[1], y.shape[2], y.shape[3]
     flat = Cg < TAP_MIN_CHANNELS
     numerics = _numerics(x.dtype)
-    direct = flat and x.dtype == torch.float32 and (Cg * R * S <= DIRECT_MAX_REDUCTION
-                                                    or numerics["PRECISION"] == "ieee")
+    direct = flat and x.dtype == torch.float32 and Cg * R * S <= DIRECT_MAX_REDUCTION[numerics["PRECISION"]]
     grid = lambda meta: (runtime.cdiv(Nb * P * Q, meta["BLOCK_M"]) * runtime.cdiv(Kg, meta["BLOCK_N"]), geo.groups)
     conv2d_fwd_kernel[grid](
         x, wv.tensor, bias if bias is not None else y, y, z if z is not None else y,
