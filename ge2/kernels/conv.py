@@ -27,7 +27,8 @@ input; the kernels here serve the rest (strided, grouped, few channels, pre-Hopp
 
 The output is written through its strides in the input's layout. Pure depthwise convolutions
 (one input and one output channel per group) skip the GEMM: ``conv2d_depthwise_kernel`` is a
-direct stencil, one program per output row, coalesced along whichever of (q, c) is contiguous.
+direct stencil over BP output rows a program, each input row tile loaded once for all the rows
+that read it, coalesced along whichever of (q, c) is contiguous.
 
 Backward (``conv2d_backward``):
 
