@@ -622,36 +622,22 @@ def _dw_dot_loop(gy_ptr, saved_ptr, x_cols, H, W, P, Q, QBLKS, k_abs, mask_m, ma
 # dilation). Loads are coalesced along whichever of (q, c) is contiguous.
 # ---------------------------------------------------------------------------------------------
 
+def _depthwise_cfg(bp: int, bq: int, bc: int, warps: int) -> triton.Config:
+    return triton.Config({"BP": bp, "BLOCK_Q": bq, "BLOCK_C": bc}, num_warps=warps)
+
+
 # (BP output rows, BLOCK_Q columns, BLOCK_C channels, warps): NHWC tiles run along channels,
 # NCHW tiles along the row (the contiguous axis). BP = 7 divides the usual 7 * 2^k feature maps.
-DEPTHWISE_CONFIGS_NHWC = [
-    triton.Config({"BP": 7, "BLOCK_Q": 4, "BLOCK_C": 64}, num_warps=2),
-    triton.Config({"BP": 7, "BLOCK_Q": 4, "BLOCK_C": 128}, num_warps=4),
-    triton.Config({"BP": 7, "BLOCK_Q": 8, "BLOCK_C": 64}, num_warps=4),
-    triton.Config({"BP": 4, "BLOCK_Q": 4, "BLOCK_C": 64}, num_warps=2),
-]
-DEPTHWISE_CONFIGS_NCHW = [
-    triton.Config({"BP": 7, "BLOCK_Q": 32, "BLOCK_C": 16}, num_warps=4),
-    triton.Config({"BP": 7, "BLOCK_Q": 32, "BLOCK_C": 32}, num_warps=4),
-    triton.Config({"BP": 4, "BLOCK_Q": 32, "BLOCK_C": 16}, num_warps=4),
-    triton.Config({"BP": 2, "BLOCK_Q": 32, "BLOCK_C": 32}, num_warps=4),
-]
+DEPTHWISE_CONFIGS_NHWC = [_depthwise_cfg(*t) for t in ((7, 4, 64, 2), (7, 4, 128, 4), (7, 8, 64, 4), (4, 4, 64, 2))]
+DEPTHWISE_CONFIGS_NCHW = [_depthwise_cfg(*t) for t in ((7, 32, 16, 4), (7, 32, 32, 4), (4, 32, 16, 4), (2, 32, 32, 4))]
 # dW: the R*S accumulators are the tile; NHWC tiles run along channels, NCHW along the row.
-DEPTHWISE_DW_CONFIGS_NHWC = [
-    triton.Config({"BP": 4, "BLOCK_Q": 16, "BLOCK_C": 32}, num_warps=4),
-    triton.Config({"BP": 2, "BLOCK_Q": 16, "BLOCK_C": 32}, num_warps=4),
-    triton.Config({"BP": 4, "BLOCK_Q": 8, "BLOCK_C": 64}, num_warps=4),
-    triton.Config({"BP": 2, "BLOCK_Q": 32, "BLOCK_C": 32}, num_warps=4),
-]
-DEPTHWISE_DW_CONFIGS_NCHW = [
-    triton.Config({"BP": 2, "BLOCK_Q": 32, "BLOCK_C": 16}, num_warps=4),
-    triton.Config({"BP": 2, "BLOCK_Q": 32, "BLOCK_C": 32}, num_warps=8),
-    triton.Config({"BP": 4, "BLOCK_Q": 32, "BLOCK_C": 16}, num_warps=4),
-    triton.Config({"BP": 2, "BLOCK_Q": 16, "BLOCK_C": 32}, num_warps=4),
-]
+DEPTHWISE_DW_CONFIGS_NHWC = [_depthwise_cfg(*t) for t in ((4, 16, 32, 4), (2, 16, 32, 4), (4, 8, 64, 4),
+                                                          (2, 32, 32, 4))]
+DEPTHWISE_DW_CONFIGS_NCHW = [_depthwise_cfg(*t) for t in ((2, 32, 16, 4), (2, 32, 32, 8), (4, 32, 16, 4),
+                                                          (2, 16, 32, 4))]
 # Large kernels (7x7: 49 accumulators) need small tiles; this one always fits.
-DEPTHWISE_SMALL_CONFIG = triton.Config({"BP": 1, "BLOCK_Q": 8, "BLOCK_C": 16}, num_warps=4)
-DEPTHWISE_INTERPRETER_CONFIG = triton.Config({"BP": 2, "BLOCK_Q": 8, "BLOCK_C": 16}, num_warps=4)
+DEPTHWISE_SMALL_CONFIG = _depthwise_cfg(1, 8, 16, 4)
+DEPTHWISE_INTERPRETER_CONFIG = _depthwise_cfg(2, 8, 16, 4)
 # Accumulator floats per thread a depthwise config may hold (more spills to local memory).
 DEPTHWISE_ACC_REGS = 96
 # Weight taps per program that the forward keeps in registers (more are loaded at each use).
@@ -680,6 +666,14 @@ def _prune_depthwise(configs, named_args, **kwargs):
 def _row_offset_used(o, BP, R, SH, DH):
     """Whether input row offset o (from the first output row's top tap) is some j*SH + r*DH."""
     return any(j * SH + r * DH == o for j in range(BP) for r in range(R))
+
+
+@triton.jit
+def _depthwise_x_tile(x_base, hi, offs_q, mask_q, mask_c, s, H, W, sxh, sxw, stride_w, pad_w, dil_w):
+    """X at input row hi, columns q*sw - pw + s*dw, [BLOCK_Q, BLOCK_C] in fp32 (zeros in the padding)."""
+    wi = offs_q * stride_w - pad_w + s * dil_w
+    ok = ((hi >= 0) & (hi < H) & mask_q & (wi >= 0) & (wi < W))[:, None] & mask_c[None, :]
+    return tl.load(x_base + hi * sxh + (wi * sxw)[:, None], mask=ok, other=0.0).to(tl.float32)
 
 
 _DEPTHWISE_ALL = DEPTHWISE_CONFIGS_NHWC + DEPTHWISE_CONFIGS_NCHW + [DEPTHWISE_SMALL_CONFIG]
@@ -721,12 +715,9 @@ def conv2d_depthwise_kernel(
     h0 = p0 * SH - pad_h
     for o in tl.static_range((BP - 1) * SH + (R - 1) * DH + 1):
         if _row_offset_used(o, BP, R, SH, DH):
-            hi = h0 + o
-            row_ok = (hi >= 0) & (hi < H)
             for s in tl.static_range(S):
-                wi = offs_q * stride_w - pad_w + s * dil_w
-                ok = (row_ok & mask_q & (wi >= 0) & (wi < W))[:, None] & mask_c[None, :]
-                xv = tl.load(x_base + hi * sxh + (wi * sxw)[:, None], mask=ok, other=0.0).to(tl.float32)
+                xv = _depthwise_x_tile(x_base, h0 + o, offs_q, mask_q, mask_c, s, H, W, sxh, sxw, stride_w, pad_w,
+                                       dil_w)
                 for j in tl.static_range(BP):
                     for r in tl.static_range(R):
                         if j * SH + r * DH == o:
@@ -787,12 +778,9 @@ def conv2d_depthwise_dw_kernel(
                                              other=0.0).to(tl.float32),)
             for o in tl.static_range((BP - 1) * SH + (R - 1) * DH + 1):
                 if _row_offset_used(o, BP, R, SH, DH):
-                    hi = h0 + o
-                    row_ok = (hi >= 0) & (hi < H)
                     for s in tl.static_range(S):
-                        wi = offs_q * stride_w - pad_w + s * dil_w
-                        ok = (row_ok & mask_q & (wi >= 0) & (wi < W))[:, None] & mask_c[None, :]
-                        xv = tl.load(x_base + hi * sxh + (wi * sxw)[:, None], mask=ok, other=0.0).to(tl.float32)
+                        xv = _depthwise_x_tile(x_base, h0 + o, offs_q, mask_q, mask_c, s, H, W, sxh, sxw, stride_w,
+                                               pad_w, dil_w)
                         for j in tl.static_range(BP):
                             for r in tl.static_range(R):
                                 if j * SH + r * DH == o:
