@@ -644,22 +644,25 @@ DEPTHWISE_ACC_REGS = 96
 DEPTHWISE_HOISTED_TAPS = tl.constexpr(16)
 
 
-def _prune_depthwise(configs, named_args, **kwargs):
-    """The layout's tiles whose accumulators fit in registers; one config for small problems."""
-    a = named_args
-    nhwc = a["sxc"] == 1 and a["C"] > 1
-    dw_kernel = "gz_ptr" in a
-    if dw_kernel:
-        space = DEPTHWISE_DW_CONFIGS_NHWC if nhwc else DEPTHWISE_DW_CONFIGS_NCHW
-        accs = lambda c: a["R"] * a["S"]  # noqa: E731
-    else:
-        space = DEPTHWISE_CONFIGS_NHWC if nhwc else DEPTHWISE_CONFIGS_NCHW
-        accs = lambda c: c.kwargs["BP"]  # noqa: E731
+def _fitting_depthwise(a: dict, nhwc_space: list, nchw_space: list, accs) -> list:
+    """The layout's tiles whose ``accs(config)`` accumulators fit in registers; one for small problems."""
+    space = nhwc_space if a["sxc"] == 1 and a["C"] > 1 else nchw_space
     keep = [c for c in space if accs(c) * c.kwargs["BLOCK_Q"] * c.kwargs["BLOCK_C"]
             <= DEPTHWISE_ACC_REGS * 32 * c.num_warps] or [DEPTHWISE_SMALL_CONFIG]
     if a["N"] * a["P"] * a["Q"] * a["C"] < (1 << 20):
         return keep[:1]
     return keep
+
+
+def _prune_depthwise(configs, named_args, **kwargs):
+    """Forward: BP row accumulators a program."""
+    return _fitting_depthwise(named_args, DEPTHWISE_CONFIGS_NHWC, DEPTHWISE_CONFIGS_NCHW, lambda c: c.kwargs["BP"])
+
+
+def _prune_depthwise_dw(configs, named_args, **kwargs):
+    """dW: R*S tap accumulators a program."""
+    a = named_args
+    return _fitting_depthwise(a, DEPTHWISE_DW_CONFIGS_NHWC, DEPTHWISE_DW_CONFIGS_NCHW, lambda c: a["R"] * a["S"])
 
 
 @triton.constexpr_function
@@ -742,7 +745,7 @@ def conv2d_depthwise_kernel(
 
 
 @runtime.autotune(_DEPTHWISE_DW_ALL, key=["N", "C", "H", "W", "P", "Q", "R", "S", "SH", "DH", "sxc", "sgk"],
-                  default=DEPTHWISE_INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_depthwise},
+                  default=DEPTHWISE_INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_depthwise_dw},
                   do_bench=runtime.tuning_bench)
 @triton.jit(do_not_specialize=_DW_SIZES)
 def conv2d_depthwise_dw_kernel(
@@ -893,7 +896,7 @@ def _launch_depthwise(x: torch.Tensor, wv: _WeightView, bias: torch.Tensor | Non
         x, wv.tensor, bias if bias is not None else y, y, z if z is not None else y,
         Nb, C, H, W, P, Q, R, S,
         *x.stride(), wv.sk, wv.sr, wv.ss, wv.base_off, *y.stride(), bias.stride(0) if bias is not None else 0,
-        geo.stride[0], geo.stride[1], *geo.pad, geo.dilation[0], geo.dilation[1], float(act_alpha),
+        *geo.stride, *geo.pad, *geo.dilation, float(act_alpha),
         HAS_BIAS=bias is not None, ACT=code, SAVE_Z=z is not None,
     )
 
@@ -1191,7 +1194,7 @@ def _dw(gy: torch.Tensor, saved: torch.Tensor | None, x: torch.Tensor, weight: t
         grid = lambda meta: (runtime.cdiv(C, meta["BLOCK_C"]), splits)
         conv2d_depthwise_dw_kernel[grid](
             gy, x, out, Nb, C, H, W, P, Q, R, S, *gy.stride(), *x.stride(),
-            geo.stride[0], geo.stride[1], *geo.pad, geo.dilation[0], geo.dilation[1])
+            *geo.stride, *geo.pad, *geo.dilation)
         if out is not dw:
             sum_partials(out, flat)
         return dw, db
