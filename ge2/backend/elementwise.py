@@ -1,7 +1,9 @@
 """Elementwise ops: schemas and Triton implementations (kernels in ``ge2.kernels.elementwise``).
 
 All take torch tensors (any strides, NumPy broadcasting) or Python scalars where marked, and
-return a new contiguous tensor of the broadcast shape.
+return a new tensor of the broadcast shape, laid out like torch's result: in the memory order of the
+first operand that spans the whole shape (a channels-last input gives a channels-last result),
+row-major when that operand is contiguous or every operand broadcasts.
 """
 from __future__ import annotations
 

@@ -335,25 +335,65 @@ def _max_offset(sizes, strides) -> int:
     return math.fsum((s - 1) * abs(st) for s, st in zip(sizes, strides))
 
 
+def memory_order(shape, strides_per_operand) -> list[int] | None:
+    """The dims of an elementwise result over ``shape``, outermost first in memory, or None for
+    row-major; ``strides_per_operand`` are the operands' strides expanded to ``shape``.
+
+    torch's rule (TensorIterator's dim reordering), so that results are laid out as torch's are: an
+    insertion sort of the dims from the innermost, where the first operand whose strides differ on
+    two dims (broadcast dims, stride 0, abstain) decides their order; a channels-last input gives a
+    channels-last result, a contiguous first operand a row-major one."""
+    perm = list(range(len(shape)))[::-1]  # innermost first
+
+    def should_swap(d0: int, d1: int) -> int:
+        for strides in strides_per_operand:
+            s0, s1 = strides[d0], strides[d1]
+            if s0 == 0 or s1 == 0:
+                continue
+            if s0 != s1:
+                return -1 if s0 < s1 else 1
+            if shape[d0] > shape[d1]:
+                return 1
+        return 0
+
+    for i in range(1, len(perm)):
+        d1 = i
+        for d0 in range(i - 1, -1, -1):
+            comparison = should_swap(perm[d0], perm[d1])
+            if comparison > 0:
+                perm[d0], perm[d1] = perm[d1], perm[d0]
+                d1 = d0
+            elif comparison < 0:
+                break
+    order = perm[::-1]
+    return None if order == sorted(order) else order
+
+
 class _Launch:
     """The shared iteration space of one elementwise launch over ``shape``.
 
     ``operands`` are tensors, Python scalars or None; each tensor gets strides over the collapsed
     dims (0 where it broadcasts), scalars and None get zeros and the output as a placeholder pointer.
+    The dims run in the result's memory order (``memory_order``), so the kernels store at the
+    linear index and read a channels-last operand of a channels-last result as one flat run.
     """
 
     def __init__(self, shape, operands, compute: torch.dtype):
         self.shape = tuple(shape)
         self.n = math.prod(self.shape)
         tensors = [x for x in operands if isinstance(x, torch.Tensor)]
+        self.order = None
         if all(x.shape == self.shape and x.is_contiguous() for x in tensors):  # the common case, cheaply
             sizes, strides = (self.n,), [(1,)] * len(tensors)
         else:
-            sizes, strides = collapse_dims(self.shape, [x.expand(self.shape).stride() for x in tensors])
+            expanded = [x.expand(self.shape).stride() for x in tensors]
+            self.order = memory_order(self.shape, expanded)
+            sizes, strides = collapse_dims(*self._in_order(expanded))
         if len(sizes) > MAX_RANK:  # rare: copy the operands to the output's layout so that all dims merge
-            operands = [x.expand(self.shape).contiguous() if isinstance(x, torch.Tensor) else x for x in operands]
+            operands = [self.empty(x.dtype, x.device).copy_(x.expand(self.shape)) if isinstance(x, torch.Tensor)
+                        else x for x in operands]
             tensors = [x for x in operands if isinstance(x, torch.Tensor)]
-            sizes, strides = collapse_dims(self.shape, [x.stride() for x in tensors])
+            sizes, strides = collapse_dims(*self._in_order([x.stride() for x in tensors]))
         self.operands = operands
         self.sizes = sizes
         it = iter(strides)
@@ -363,6 +403,19 @@ class _Launch:
         self.compute = compute
         # The autotune key (the kernels ignore it): the size, or 0 for small launches (not tuned).
         self.tune_size = self.n if self.n >= 2**20 else 0
+
+    def _in_order(self, strides_per_operand):
+        """(sizes, strides per operand) with the dims permuted into the result's memory order."""
+        if self.order is None:
+            return self.shape, strides_per_operand
+        return [self.shape[d] for d in self.order], [[st[d] for d in self.order] for st in strides_per_operand]
+
+    def empty(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """An uninitialised result [shape], dense in the launch's memory order."""
+        if self.order is None:
+            return torch.empty(self.shape, dtype=dtype, device=device)
+        inverse = sorted(range(len(self.order)), key=self.order.__getitem__)
+        return torch.empty([self.shape[d] for d in self.order], dtype=dtype, device=device).permute(inverse)
 
     def pointer(self, k: int, placeholder: torch.Tensor):
         x = self.operands[k]
@@ -415,11 +468,10 @@ def _device(*operands) -> torch.device:
 
 
 def _binary_launch(code, a, b, out_dtype, cast, act=activations.NONE, alpha=0.0):
-    shape = _shape(a, b)
-    out = torch.empty(shape, dtype=out_dtype, device=_device(a, b))
+    launch = _Launch(_shape(a, b), [a, b], compute_dtype(cast))
+    out = launch.empty(out_dtype, _device(a, b))
     if out.numel() == 0:
         return out
-    launch = _Launch(shape, [a, b], compute_dtype(cast))
     launch.run(
         _binary_kernel, launch.pointer(0, out), launch.pointer(1, out), out,
         a_strides=launch.strides[0], b_strides=launch.strides[1],
@@ -431,10 +483,10 @@ def _binary_launch(code, a, b, out_dtype, cast, act=activations.NONE, alpha=0.0)
 
 
 def _unary_launch(code, x, out_dtype, act=activations.NONE, alpha=0.0):
-    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    launch = _Launch(x.shape, [x], compute_dtype(x.dtype))
+    out = launch.empty(out_dtype, x.device)
     if out.numel() == 0:
         return out
-    launch = _Launch(x.shape, [x], compute_dtype(x.dtype))
     launch.run(
         _unary_kernel, x, out, x_strides=launch.strides[0], alpha=_float_bits(alpha),
         OP=code, ACT=act, COMPUTE=_TL_DTYPE[launch.compute],
@@ -489,11 +541,10 @@ def activation_backward(gy: torch.Tensor, x=None, y=None, *, act: str, alpha: fl
 def where(cond: torch.Tensor, a, b) -> torch.Tensor:
     """a where cond else b, broadcast; a/b tensors or scalars -> [broadcast shape], result_dtype(a, b)."""
     dt = result_dtype(a, b)
-    shape = _shape(cond, a, b)
-    out = torch.empty(shape, dtype=dt, device=cond.device)
+    launch = _Launch(_shape(cond, a, b), [cond, a, b], compute_dtype(dt))
+    out = launch.empty(dt, cond.device)
     if out.numel() == 0:
         return out
-    launch = _Launch(shape, [cond, a, b], compute_dtype(dt))
     launch.run(
         _where_kernel, cond, launch.pointer(1, out), launch.pointer(2, out), out,
         cond_strides=launch.strides[0], a_strides=launch.strides[1], b_strides=launch.strides[2],
@@ -516,15 +567,18 @@ def binary_backward(gy: torch.Tensor, a, b, *, op_name: str, need_a: bool = True
     shape = tuple(gy.shape)
     compute = compute_dtype(gy.dtype)
 
-    # A grad whose operand was broadcast is kept in the compute dtype until it is summed.
+    launch = _Launch(shape, [gy, a, b], compute) if gy.numel() > 0 else None
+
+    # A grad whose operand was broadcast is kept in the compute dtype until it is summed; both in
+    # gy's layout.
     def buffer(t, wanted):
         if not wanted:
             return None
-        return torch.empty(shape, dtype=t.dtype if t.numel() == gy.numel() else compute, device=gy.device)
+        dtype = t.dtype if t.numel() == gy.numel() else compute
+        return launch.empty(dtype, gy.device) if launch else torch.empty(shape, dtype=dtype, device=gy.device)
 
     ga, gb = buffer(a, want_a), buffer(b, want_b)
-    if gy.numel() > 0:
-        launch = _Launch(shape, [gy, a, b], compute)
+    if launch:
         placeholder = ga if ga is not None else gb
         launch.run(
             _binary_backward_kernel, gy, launch.pointer(1, placeholder), launch.pointer(2, placeholder),

@@ -21,20 +21,20 @@ _SWAPPED = {"add": "add", "mul": "mul", "eq": "eq", "ne": "ne", "lt": "gt", "le"
 def _binary(op):
     def impl(a, b):
         if isinstance(a, torch.Tensor):
-            return _BINARY[op](a, b).contiguous()
+            return _BINARY[op](a, b)
         # A scalar on the left: torch takes a Python scalar only on the right (where it stays in
         # opmath precision), so swap where the op allows; else compute as torch's GPU kernels do:
         # the scalar in opmath (fp32, fp64 for fp64), b cast to the result dtype, one rounding.
         if op in _SWAPPED:
-            return _BINARY[_SWAPPED[op]](b, a).contiguous()
+            return _BINARY[_SWAPPED[op]](b, a)
         if op == "pow":
-            return torch.pow(a, b).contiguous()
+            return torch.pow(a, b)
         dt = result_dtype(a, b)
         if op == "div" and not dt.is_floating_point:
             dt = torch.get_default_dtype()
         opmath = torch.float64 if dt == torch.float64 else torch.float32 if dt.is_floating_point else dt
         out = _BINARY[op](torch.tensor(a, dtype=opmath, device=b.device), b.to(dt).to(opmath))
-        return out.to(dt).contiguous()
+        return out.to(dt)
     return impl
 
 
@@ -62,9 +62,9 @@ def binary_backward(gy, a, b, *, op_name, need_a=True, need_b=True):
 
 _UNARY = {"neg": torch.neg, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "abs": torch.abs}
 for _op in ("neg", "abs"):
-    register(_op, "torch", dtypes=NUMERIC)(lambda x, _f=_UNARY[_op]: _f(x).contiguous())
+    register(_op, "torch", dtypes=NUMERIC)(lambda x, _f=_UNARY[_op]: _f(x))
 for _op in ("exp", "log", "sqrt"):
-    register(_op, "torch")(lambda x, _f=_UNARY[_op]: _f(x).contiguous())
+    register(_op, "torch")(lambda x, _f=_UNARY[_op]: _f(x))
 
 
 @register("unary_backward", "torch")
@@ -96,7 +96,7 @@ _ACT = {
 
 @register("activation", "torch")
 def activation(x, *, act, alpha=0.01):
-    return _ACT[act](x, alpha).contiguous()
+    return _ACT[act](x, alpha)
 
 
 @register("activation_backward", "torch")
@@ -120,4 +120,4 @@ def where(cond, a, b):
     dt = result_dtype(a, b)
     a = a if isinstance(a, torch.Tensor) else torch.tensor(a, dtype=dt, device=cond.device)
     b = b if isinstance(b, torch.Tensor) else torch.tensor(b, dtype=dt, device=cond.device)
-    return torch.where(cond, a.to(dt), b.to(dt)).contiguous()
+    return torch.where(cond, a.to(dt), b.to(dt))
