@@ -51,6 +51,21 @@ def test_gradients_accumulate_across_backward_calls():
     assert close(x.grad, first)
 
 
+def test_grad_takes_the_leafs_layout_like_torch():
+    # A channels-last leaf gets a channels-last .grad (accumulations then stay flat), a contiguous
+    # leaf a contiguous one whatever the layout of the gradient that reaches it.
+    for memory_format in (torch.channels_last, torch.contiguous_format):
+        x = ge2.from_torch(randn(2, 3, 4, 5).contiguous(memory_format=memory_format), requires_grad=True)
+        g = randn(2, 5, 4, 3, seed=1).permute(0, 3, 2, 1)  # neither layout
+        fn = lambda x: x * ge2.from_torch(g)  # noqa: E731
+        for _ in range(2):
+            fn(x).backward(ge2.from_torch(randn(2, 3, 4, 5, seed=2)))
+        ref = x.data.detach().clone().requires_grad_()
+        for _ in range(2):
+            (ref * g).backward(randn(2, 3, 4, 5, seed=2))
+        assert x.grad.data.stride() == ref.grad.stride() and close(x.grad, ref.grad)
+
+
 def test_grad_of_same_leaf_twice_in_one_node_is_not_aliased():
     x = leaf(3)
     y = leaf(3)

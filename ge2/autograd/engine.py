@@ -23,8 +23,12 @@ def _accumulate(tensor: "Tensor", grad: torch.Tensor, owned: set[int]) -> None:
     from ge2.autograd.tensor import Tensor
 
     if tensor.grad is None:
-        if id(grad) in owned or grad._base is not None or not grad.is_contiguous():
-            grad = grad.clone(memory_format=torch.contiguous_format)
+        # torch's layout for .grad: the leaf's own strides where it is dense (a channels-last input
+        # gets a channels-last grad, and later accumulations run over one flat dim), else row-major.
+        leaf = tensor.data
+        laid_out = grad.is_contiguous() if leaf.is_contiguous() else grad.stride() == torch.empty_like(leaf).stride()
+        if id(grad) in owned or grad._base is not None or not laid_out:
+            grad = torch.empty_like(leaf, dtype=grad.dtype).copy_(grad)
         owned.add(id(grad))
         tensor.grad = Tensor(grad)
     elif graphs.is_capturing():
