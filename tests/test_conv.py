@@ -323,7 +323,7 @@ def test_conv2d_stride1_framed_and_tap_major(case, layout, dtype, path, monkeypa
     in_place = [layout == "nhwc" and channels * dtype.itemsize % 16 == 0 for channels in (case[1], case[4])]
     assert direct.launches == (sum(in_place) if framed else 0)  # forward (C channels), dX (K)
     assert fwd.launches + direct.launches == (2 if framed else 0)
-    rows_dw = framed and dtype != torch.float32  # fp32 dW: the planar frames
+    rows_dw = framed and dtype != torch.float32  # fp32 dW: the planar frames (conv2d_planar_dw_kernel)
     assert (dw.launches, direct_dw.launches) == ((0, 1) if all(in_place) else (1, 0)) if rows_dw else (0, 0)
 
 
@@ -394,12 +394,14 @@ def test_conv2d_framed_fp32_weight_gradient_from_planar_frames(layout, monkeypat
     monkeypatch.setattr(K, "DW_DIRECT_MACS", {})
     monkeypatch.setattr(FR, "DW_TARGET_PROGRAMS", 64)
     monkeypatch.setattr(FR, "DW_MIN_STEPS", 2)
-    dw = _Counting(FR.conv2d_framed_dw_kernel)
-    monkeypatch.setattr(FR, "conv2d_framed_dw_kernel", dw)
+    dw = _Counting(FR.conv2d_planar_dw_kernel)
+    monkeypatch.setattr(FR, "conv2d_planar_dw_kernel", dw)
+    # One launch for all taps, whatever their shifts' residues mod 4 (x is read by pointers).
     _check_conv((2, 17, 5, 6, 20, (3, 2), 1, (1, 0), (1, 2), 1), layout, act="silu", seed=37)
-    assert dw.launches == 2  # one per residue mod 4 of the column taps' shifts s*2 - 0: 0 and 2
+    assert dw.launches == 1
     _check_conv((1, 16, 4, 5, 16, (3, 3), 1, 1, 1, 1), layout, seed=38)
-    assert dw.launches == 2 + 3  # shifts s - 1: residues 3, 0, 1
+    _check_conv((2, 16, 6, 5, 16, (2, 3), 1, (0, 2), (2, 1), 1), layout, act="relu", seed=39)  # shifts -2, -1, 0
+    assert dw.launches == 3
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -52,10 +52,11 @@ MIN_CHANNELS = 16  # channels on both sides of the GEMM (fewer: a 16-deep MMA st
 def _block_shapes(nargs) -> None:
     """The descriptors' tile shapes follow the config (set before each launch)."""
     bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
-    if "g_desc" in nargs:  # dW: [rows, channels] tiles, or [channels, rows] from planar frames
-        planar = nargs["PLANAR"]
-        nargs["g_desc"].block_shape = [bm, bk] if planar else [bk, bm]
-        nargs["x_desc"].block_shape = [bn, bk] if planar else [bk, bn]
+    if "x_desc" not in nargs:  # planar dW: gZ's [channels, rows] tiles (x is read by pointers)
+        nargs["g_desc"].block_shape = [bm, bk]
+    elif "g_desc" in nargs:  # dW from row frames: [rows, channels] tiles
+        nargs["g_desc"].block_shape = [bk, bm]
+        nargs["x_desc"].block_shape = [bk, bn]
     else:
         nargs["x_desc"].block_shape = [bm, bk]
         nargs["w_desc"].block_shape = [bn, bk] if nargs["W_KMAJOR"] else [bk, bn]
@@ -88,9 +89,7 @@ def _dw_fitting(configs, a: dict) -> list:
 
 
 def _prune_dw(configs, named_args, **kwargs):
-    a = {**named_args, **kwargs}
-    space = CONFIGS_16 if a["OPERAND_BYTES"] <= 2 else CONFIGS_32
-    return _dw_fitting([cf for cf in configs if cf in space], a) or space[-1:]
+    return _dw_fitting(configs, {**named_args, **kwargs}) or configs[-1:]
 
 
 _SIZES = ["M", "Nb", "P", "Q", "Wf", "HfWf", "shift0", "tap_dh"]
@@ -265,29 +264,22 @@ def conv2d_nhwc_kernel(
         tl.store(y_ptr + y_offs, y, mask=mask)
 
 
-@runtime.autotune(CONFIGS_16 + CONFIGS_32, key=["M", "K", "C", "S", "SPLIT_STEPS", "OPERAND_BYTES", "PRECISION"],
+@runtime.autotune(CONFIGS_16, key=["M", "K", "C", "S", "SPLIT_STEPS"],
                   default=INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_dw},
                   do_bench=runtime.tuning_bench)
 @triton.jit(do_not_specialize=["M", "shift0", "tap_dh", "SPLIT_STEPS"])
 def conv2d_framed_dw_kernel(
-    g_desc, x_desc, M, K, C, shift0, tap_dh, tap_dw, S, s_first, s_step, SPLIT_STEPS, out_ptr,
-    PLANAR: tl.constexpr, OPERAND_BYTES: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    g_desc, x_desc, M, K, C, shift0, tap_dh, tap_dw, S, SPLIT_STEPS, out_ptr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    """Split program_id(2)'s partial of dW's tap (r, s), tile program_id(0) of [K, C]:
-    out[split, r*S + s, k, c] = sum over its frame rows j of G[j, k] * F[j + shift(r, s), c].
-
-    program_id(1) = t walks the launch's taps: r = t // s_count, s = s_first + (t % s_count) * s_step.
-    16-bit operands come in row frames (the MMA reads both tiles MN-major); fp32 in planar
-    frames ([channels, rows]: the rows, i.e. the reduction, innermost, as tf32 wgmma requires).
-    """
+    """Split program_id(2)'s partial of 16-bit dW's tap program_id(1) = (r, s), tile program_id(0)
+    of [K, C], from the row frames of gZ and x (the MMA reads both tiles MN-major):
+    out[split, r*S + s, k, c] = sum over its frame rows j of G[j, k] * F[j + shift(r, s), c]."""
     pid_m, pid_n = _tile_coords(tl.program_id(0), K, C, BLOCK_M, BLOCK_N, GROUP_M)
-    s_count = tl.cdiv(S - s_first, s_step)
-    r = tl.program_id(1) // s_count
-    s = s_first + (tl.program_id(1) - r * s_count) * s_step
-    tap = r * S + s
+    tap = tl.program_id(1)
+    r = tap // S
     split = tl.program_id(2)
-    shift = shift0 + r * tap_dh + s * tap_dw
+    shift = shift0 + r * tap_dh + (tap - r * S) * tap_dw
     k0 = pid_m * BLOCK_M
     c0 = pid_n * BLOCK_N
     first = split * SPLIT_STEPS
@@ -295,22 +287,68 @@ def conv2d_framed_dw_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step in range(first, last):
         j = step * BLOCK_K
-        if PLANAR:  # the launcher makes j + shift a multiple of 16 bytes: TMA needs it innermost
-            g = g_desc.load([k0, j])  # [out channels, rows]
-            x = x_desc.load([c0, j + shift])  # [in channels, rows]
-            acc = tl.dot(g, x.T, acc, input_precision=PRECISION, out_dtype=tl.float32)
-        else:
-            g = g_desc.load([j, k0])  # [rows, out channels]
-            x = x_desc.load([j + shift, c0])  # [rows, in channels]
-            if UPCAST:  # the interpreter cannot do 16-bit arithmetic; exact products either way
-                g = g.to(tl.float32)
-                x = x.to(tl.float32)
-            acc = tl.dot(g.T, x, acc, out_dtype=tl.float32)
+        g = g_desc.load([j, k0])  # [rows, out channels]
+        x = x_desc.load([j + shift, c0])  # [rows, in channels]
+        if UPCAST:  # the interpreter cannot do 16-bit arithmetic; exact products either way
+            g = g.to(tl.float32)
+            x = x.to(tl.float32)
+        acc = tl.dot(g.T, x, acc, out_dtype=tl.float32)
+    _store_dw_partial(out_ptr, acc, split * tl.num_programs(1) + tap, k0, c0, K, C, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _store_dw_partial(out_ptr, acc, row, k0, c0, K, C, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[row] ([K, C] row-major) = acc, a [BLOCK_M, BLOCK_N] tile at (k0, c0)."""
     offs_k = k0 + tl.arange(0, BLOCK_M)
     offs_c = c0 + tl.arange(0, BLOCK_N)
-    row = (split * (tl.cdiv(tl.num_programs(1), s_count) * S) + tap).to(tl.int64) * K * C
-    tl.store(out_ptr + row + offs_k[:, None] * C + offs_c[None, :], acc,
+    tl.store(out_ptr + row.to(tl.int64) * K * C + offs_k[:, None] * C + offs_c[None, :], acc,
              mask=(offs_k[:, None] < K) & (offs_c[None, :] < C))
+
+
+# fp32 dW from planar frames (BLOCK_K = 32: one 128-byte row of fp32 pixels a step). 64x64 tiles
+# for 64 channels (more programs for the latency of the pointer loads), 128-row ones for wider layers.
+PLANAR_DW_CONFIGS = [_cfg(bm, bn, 32, warps, stages) for bm, bn, warps, stages in
+                     [(64, 64, 4, 3), (64, 64, 4, 4), (128, 64, 4, 3), (64, 128, 4, 4), (128, 128, 8, 3)]]
+
+
+
+@runtime.autotune(PLANAR_DW_CONFIGS, key=["M", "K", "C", "S", "SPLIT_STEPS", "PRECISION"],
+                  default=INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_dw},
+                  do_bench=runtime.tuning_bench)
+@triton.jit(do_not_specialize=["M", "x_cols", "shift0", "tap_dh", "SPLIT_STEPS"])
+def conv2d_planar_dw_kernel(
+    g_desc, x_ptr, M, K, C, x_cols, x_stride, shift0, tap_dh, tap_dw, S, SPLIT_STEPS, out_ptr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """Split program_id(2)'s partial of fp32 dW's tap program_id(1) = (r, s), tile program_id(0) of
+    [K, C], from planar frames ([channels, rows]: the rows, i.e. the reduction, innermost, the
+    K-major order tf32 wgmma needs): out[split, r*S + s, k, c] = sum over its frame rows j of
+    G[k, j] * X[c, j + shift(r, s)].
+
+    G comes by TMA at j (a multiple of BLOCK_K). X, x_cols columns of x_stride apart, comes by
+    pointer loads: a tap's shift is any column, and TMA faults on an innermost start that is not
+    16-byte aligned (one shifted copy of x per residue mod 4 cost three frame passes instead of
+    one); Triton streams them into shared memory with cp.async all the same."""
+    pid_m, pid_n = _tile_coords(tl.program_id(0), K, C, BLOCK_M, BLOCK_N, GROUP_M)
+    tap = tl.program_id(1)
+    r = tap // S
+    split = tl.program_id(2)
+    k0 = pid_m * BLOCK_M
+    c0 = pid_n * BLOCK_N
+    offs_c = c0 + tl.arange(0, BLOCK_N)
+    x_rows = x_ptr + offs_c[:, None].to(tl.int64) * x_stride
+    cols = shift0 + r * tap_dh + (tap - r * S) * tap_dw + tl.arange(0, BLOCK_K)
+    first = split * SPLIT_STEPS
+    last = tl.minimum(first + SPLIT_STEPS, tl.cdiv(M, BLOCK_K))
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for step in range(first, last):
+        j = step * BLOCK_K
+        g = g_desc.load([k0, j])  # [out channels, rows]; rows past M are zero-filled
+        x = tl.load(x_rows + (j + cols)[None, :], mask=(offs_c < C)[:, None] & (j + cols < x_cols)[None, :],
+                    other=0.0)  # [in channels, rows]
+        acc = tl.dot(g, x.T, acc, input_precision=PRECISION, out_dtype=tl.float32)
+    _store_dw_partial(out_ptr, acc, split * tl.num_programs(1) + tap, k0, c0, K, C, BLOCK_M, BLOCK_N)
 
 
 def _nhwc_dw_block_shapes(nargs) -> None:
@@ -325,12 +363,9 @@ NHWC_DW_CONFIGS = [tile_config(bm, bn, 64, warps, stages, pre_hook=_nhwc_dw_bloc
 NHWC_DW_INTERPRETER_CONFIG = tile_config(32, 32, 16, 4, 1, pre_hook=_nhwc_dw_block_shapes)
 
 
-def _prune_nhwc_dw(configs, named_args, **kwargs):
-    return _dw_fitting(configs, {**named_args, **kwargs}) or configs[-1:]
-
 
 @runtime.autotune(NHWC_DW_CONFIGS, key=["Nb", "P", "Q", "K", "C", "S", "SPLIT_STEPS", "STEP_W"],
-                  default=NHWC_DW_INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_nhwc_dw},
+                  default=NHWC_DW_INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_dw},
                   do_bench=runtime.tuning_bench)
 @triton.jit(do_not_specialize=["Nb", "P", "Q", "pad_h", "pad_w", "SPLIT_STEPS"])
 def conv2d_nhwc_dw_kernel(
@@ -369,11 +404,7 @@ def conv2d_nhwc_dw_kernel(
             g = g.to(tl.float32)
             x = x.to(tl.float32)
         acc = tl.dot(g.T, x, acc, out_dtype=tl.float32)
-    offs_k = k0 + tl.arange(0, BLOCK_M)
-    offs_c = c0 + tl.arange(0, BLOCK_N)
-    row = (split * tl.num_programs(1) + tap).to(tl.int64) * K * C
-    tl.store(out_ptr + row + offs_k[:, None] * C + offs_c[None, :], acc,
-             mask=(offs_k[:, None] < K) & (offs_c[None, :] < C))
+    _store_dw_partial(out_ptr, acc, split * tl.num_programs(1) + tap, k0, c0, K, C, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -618,7 +649,7 @@ def backward(gz: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, pad, dilat
     elif rows_dw:
         _dw_rows(g, frame(x, Hf, Wf), dw, Nb * Hf * Wf, pad, Wf, dilation)
     elif dw is not None:
-        _dw_planar(gz, x, dw, Hf, runtime.cdiv(Wf, 4) * 4, pad, dilation)
+        _dw_planar(gz, x, dw, Hf, Wf, pad, dilation)
 
 
 # dW's frame rows are split so that the [K, C] tiles of all taps make about DW_TARGET_PROGRAMS
@@ -636,24 +667,10 @@ def dw_splits(steps: int, tiles: int) -> tuple[int, int]:
     return runtime.cdiv(steps, per), per
 
 
-def _dw_launch(g_desc, x_desc, dw: torch.Tensor, partials: torch.Tensor, rows: int, shift0: int, tap_dh: int,
-               tap_dw: int, s_first: int, s_step: int, per: int, planar: bool) -> None:
-    """One launch of the dW kernel over the taps (r, s_first + i*s_step), writing their partials."""
-    K, C, R, S = dw.shape
-    splits = partials.shape[0]
-    taps = R * runtime.cdiv(S - s_first, s_step)
-    grid = lambda meta: (runtime.cdiv(K, meta["BLOCK_M"]) * runtime.cdiv(C, meta["BLOCK_N"]), taps, splits)
-    conv2d_framed_dw_kernel[grid](
-        g_desc, x_desc, rows, K, C, shift0, tap_dh, tap_dw, S, s_first, s_step, per, partials,
-        PLANAR=planar, OPERAND_BYTES=dw.element_size(), PRECISION=_precision(dw.dtype),
-        UPCAST=runtime.is_interpreter() and dw.element_size() == 2)
-
-
-def _frame_steps(rows: int, planar: bool) -> int:
-    """Steps of dW's reduction over ``rows`` frame rows: whole BLOCK_K rows (all GPU configs of one
-    operand width share it)."""
-    space = CONFIGS_32 if planar else CONFIGS_16
-    return runtime.cdiv(rows, (INTERPRETER_CONFIG if runtime.is_interpreter() else space[0]).kwargs["BLOCK_K"])
+def _frame_steps(rows: int, configs: list[triton.Config]) -> int:
+    """Steps of dW's reduction over ``rows`` frame rows: whole BLOCK_K rows (all GPU configs of
+    one dW kernel share it)."""
+    return runtime.cdiv(rows, (INTERPRETER_CONFIG if runtime.is_interpreter() else configs[0]).kwargs["BLOCK_K"])
 
 
 def _dw_partials(dw: torch.Tensor, steps: int) -> tuple[torch.Tensor, int]:
@@ -679,9 +696,12 @@ def _dw_finish(partials: torch.Tensor, dw: torch.Tensor) -> None:
 
 def _dw_rows(g: torch.Tensor, f: torch.Tensor, dw: torch.Tensor, rows: int, pad, Wf: int, dilation) -> None:
     """16-bit dw [K, C, R, S] from the row frames of gZ (g) and x (f): one launch for all taps."""
-    partials, per = _dw_partials(dw, _frame_steps(rows, planar=False))
-    _dw_launch(_descriptor(g, False), _descriptor(f, False), dw, partials, rows, -pad[0] * Wf - pad[1],
-               dilation[0] * Wf, dilation[1], 0, 1, per, planar=False)
+    K, C, R, S = dw.shape
+    partials, per = _dw_partials(dw, _frame_steps(rows, CONFIGS_16))
+    grid = lambda meta: (runtime.cdiv(K, meta["BLOCK_M"]) * runtime.cdiv(C, meta["BLOCK_N"]), R * S,
+                         partials.shape[0])
+    conv2d_framed_dw_kernel[grid](_descriptor(g, False), _descriptor(f, False), rows, K, C, -pad[0] * Wf - pad[1],
+                                  dilation[0] * Wf, dilation[1], S, per, partials, UPCAST=runtime.is_interpreter())
     _dw_finish(partials, dw)
 
 
@@ -704,31 +724,20 @@ def _dw_nhwc(gz: torch.Tensor, g_dims, x: torch.Tensor, x_dims, dw: torch.Tensor
 
 
 def _dw_planar(gz: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, Hf: int, Wf: int, pad, dilation) -> None:
-    """fp32 dw [K, C, R, S] from planar frames ([channels, rows]) of gZ and x.
-
-    TMA wants the innermost coordinate of a load at a multiple of 16 bytes (unaligned starts
-    fault), and tap (r, s) reads x's frame at row j + (r*dh - ph)*Wf + s*dw - pw. With Wf a
-    multiple of 4 and j stepping in 32s, the shift's residue mod 4 depends on s alone: x gets one
-    planar frame per residue, its first columns padded so that the reads land aligned (and at
-    column >= 0), and each residue's taps are one launch."""
+    """fp32 dw [K, C, R, S] from planar frames ([channels, rows]) of gZ and x: one launch for all
+    taps. Tap (r, s) reads x's frame at row j + (r*dh - ph)*Wf + s*dw - pw; x's frame starts with
+    enough zero columns that this is >= 0."""
     Nb = x.shape[0]
     K, C, R, S = dw.shape
     rows = Nb * Hf * Wf
     round_tf32 = _precision(x.dtype) == "tf32" and not runtime.is_interpreter()
     g_desc = _descriptor(frame(gz, Hf, Wf, planar=True), round_tf32)
-    partials, per = _dw_partials(dw, _frame_steps(rows, planar=True))
     (ph, pw), (dh, dw_) = pad, dilation
-    lead = 4 * runtime.cdiv(max(ph * Wf + pw, 0), 4)  # zero columns that keep the reads at >= 0 too
-    launched = set()
-    for s in range(S):
-        residue = (pw - s * dw_) % 4  # origin + shift = 0 mod 4
-        if residue in launched:
-            continue
-        launched.add(residue)
-        origin = lead + residue
-        same = [t for t in range(S) if (pw - t * dw_) % 4 == residue]  # an arithmetic run: s, s + step, ...
-        step = same[1] - same[0] if len(same) > 1 else S
-        x_desc = _descriptor(frame(x, Hf, Wf, planar=True, origin=origin), round_tf32)
-        _dw_launch(g_desc, x_desc, dw, partials, rows, origin - ph * Wf - pw, dh * Wf, dw_, s, step, per,
-                   planar=True)
+    origin = max(ph * Wf + pw, 0)
+    f = frame(x, Hf, Wf, planar=True, origin=origin)
+    partials, per = _dw_partials(dw, _frame_steps(rows, PLANAR_DW_CONFIGS))
+    grid = lambda meta: (runtime.cdiv(K, meta["BLOCK_M"]) * runtime.cdiv(C, meta["BLOCK_N"]), R * S,
+                         partials.shape[0])
+    conv2d_planar_dw_kernel[grid](g_desc, f, rows, K, C, f.shape[1], f.stride(0), origin - ph * Wf - pw, dh * Wf,
+                                  dw_, S, per, partials, PRECISION=_precision(dw.dtype))
     _dw_finish(partials, dw)
