@@ -1,8 +1,8 @@
 """Elementwise kernels: unary math, binary arithmetic and comparisons, where, and their gradients.
 
 Every launcher takes torch tensors of any strides (0-strides of ``expand``, transposed or stepped
-views) that broadcast NumPy-style, or Python scalars where noted, and returns new contiguous
-tensors of the broadcast shape.
+views) that broadcast NumPy-style, or Python scalars where noted, and returns new tensors of the
+broadcast shape laid out as torch's would be (``memory_order``: channels-last in, channels-last out).
 
 BINARY_OPS = ("add", "sub", "mul", "div", "pow")
 UNARY_OPS = ("neg", "exp", "log", "sqrt", "abs")
@@ -17,10 +17,11 @@ activation(x, *, act, alpha=0.01) -> y                  # act names from activat
 activation_backward(gy, x=None, y=None, *, act, alpha=0.01) -> gx   # from y if x is None
 where(cond, a, b) -> out             # a/b tensor or scalar
 
-How the iteration works: the operands are broadcast to the output shape (0-strides), and adjacent
-dims that are contiguous in every operand are merged, so most launches index with one multiply per
-operand (rank 1) and a transposed or broadcast operand costs one div/mod per extra dim. The output
-is written contiguously at the linear index.
+How the iteration works: the operands are broadcast to the output shape (0-strides), the dims are
+put in the output's memory order, and adjacent dims that are contiguous in every operand are
+merged, so most launches index with one multiply per operand (rank 1; channels-last operands of a
+channels-last result too) and a transposed or broadcast operand costs one div/mod per extra dim.
+The output is dense in that order, written at the linear index.
 
 Numerics follow torch on the GPU: each tensor operand is first rounded to the promoted dtype, then
 math runs in fp32 ("opmath"; fp64 for fp64 results, int64 for integer results) and the result is
