@@ -82,14 +82,12 @@ def _prune(configs, named_args, **kwargs):
     return [c for c in configs if c in space and c.kwargs["BLOCK_N"] <= max(64, k)] or space[-1:]
 
 
-def _dw_fitting(configs, a: dict) -> list:
-    """dW configs whose [K, C] tile is at most one power of two wider than K and than C."""
-    k, c = triton.next_power_of_2(a["K"]), triton.next_power_of_2(a["C"])
-    return [cf for cf in configs if cf.kwargs["BLOCK_M"] <= max(64, k) and cf.kwargs["BLOCK_N"] <= max(64, c)]
-
-
 def _prune_dw(configs, named_args, **kwargs):
-    return _dw_fitting(configs, {**named_args, **kwargs}) or configs[-1:]
+    """dW configs whose [K, C] tile is at most one power of two wider than K and than C."""
+    a = {**named_args, **kwargs}
+    k, c = triton.next_power_of_2(a["K"]), triton.next_power_of_2(a["C"])
+    keep = [cf for cf in configs if cf.kwargs["BLOCK_M"] <= max(64, k) and cf.kwargs["BLOCK_N"] <= max(64, c)]
+    return keep or configs[-1:]
 
 
 _SIZES = ["M", "Nb", "P", "Q", "Wf", "HfWf", "shift0", "tap_dh"]
@@ -311,7 +309,6 @@ PLANAR_DW_CONFIGS = [_cfg(bm, bn, 32, warps, stages) for bm, bn, warps, stages i
                      [(64, 64, 4, 3), (64, 64, 4, 4), (128, 64, 4, 3), (64, 128, 4, 4), (128, 128, 8, 3)]]
 
 
-
 @runtime.autotune(PLANAR_DW_CONFIGS, key=["M", "K", "C", "S", "SPLIT_STEPS", "PRECISION"],
                   default=INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_dw},
                   do_bench=runtime.tuning_bench)
@@ -361,7 +358,6 @@ def _nhwc_dw_block_shapes(nargs) -> None:
 NHWC_DW_CONFIGS = [tile_config(bm, bn, 64, warps, stages, pre_hook=_nhwc_dw_block_shapes)
                    for bm, bn, warps, stages in _TILES]
 NHWC_DW_INTERPRETER_CONFIG = tile_config(32, 32, 16, 4, 1, pre_hook=_nhwc_dw_block_shapes)
-
 
 
 @runtime.autotune(NHWC_DW_CONFIGS, key=["Nb", "P", "Q", "K", "C", "S", "SPLIT_STEPS", "STEP_W"],
@@ -680,6 +676,12 @@ def _dw_partials(dw: torch.Tensor, steps: int) -> tuple[torch.Tensor, int]:
     return torch.empty((splits, R * S * K * C), dtype=torch.float32, device=dw.device), per
 
 
+def _dw_grid(dw: torch.Tensor, partials: torch.Tensor):
+    """The dW kernels' grid: ([K, C] tiles, taps, splits)."""
+    K, C, R, S = dw.shape
+    return lambda meta: (runtime.cdiv(K, meta["BLOCK_M"]) * runtime.cdiv(C, meta["BLOCK_N"]), R * S, partials.shape[0])
+
+
 def _dw_finish(partials: torch.Tensor, dw: torch.Tensor) -> None:
     """dw [K, C, R, S] = the fixed-order sum of the [splits, (r, s, k, c)] partials."""
     K, C, R, S = dw.shape
@@ -698,10 +700,9 @@ def _dw_rows(g: torch.Tensor, f: torch.Tensor, dw: torch.Tensor, rows: int, pad,
     """16-bit dw [K, C, R, S] from the row frames of gZ (g) and x (f): one launch for all taps."""
     K, C, R, S = dw.shape
     partials, per = _dw_partials(dw, _frame_steps(rows, CONFIGS_16))
-    grid = lambda meta: (runtime.cdiv(K, meta["BLOCK_M"]) * runtime.cdiv(C, meta["BLOCK_N"]), R * S,
-                         partials.shape[0])
-    conv2d_framed_dw_kernel[grid](_descriptor(g, False), _descriptor(f, False), rows, K, C, -pad[0] * Wf - pad[1],
-                                  dilation[0] * Wf, dilation[1], S, per, partials, UPCAST=runtime.is_interpreter())
+    conv2d_framed_dw_kernel[_dw_grid(dw, partials)](
+        _descriptor(g, False), _descriptor(f, False), rows, K, C, -pad[0] * Wf - pad[1], dilation[0] * Wf,
+        dilation[1], S, per, partials, UPCAST=runtime.is_interpreter())
     _dw_finish(partials, dw)
 
 
@@ -714,9 +715,7 @@ def _dw_nhwc(gz: torch.Tensor, g_dims, x: torch.Tensor, x_dims, dw: torch.Tensor
     widths = [w for w in (64, 32, 16, 8, 4, 2, 1) if w <= pixels]
     step_w = min(widths, key=lambda w: runtime.cdiv(Q, w) * w * runtime.cdiv(P, pixels // w) * (pixels // w))
     partials, per = _dw_partials(dw, Nb * runtime.cdiv(P, pixels // step_w) * runtime.cdiv(Q, step_w))
-    grid = lambda meta: (runtime.cdiv(K, meta["BLOCK_M"]) * runtime.cdiv(C, meta["BLOCK_N"]), R * S,
-                         partials.shape[0])
-    conv2d_nhwc_dw_kernel[grid](
+    conv2d_nhwc_dw_kernel[_dw_grid(dw, partials)](
         _descriptor(gz, False, *g_dims), _descriptor(x, False, *x_dims), Nb, P, Q, K, C, pad[0], pad[1],
         dilation[0], dilation[1], S, per, partials,
         UPCAST=runtime.is_interpreter(), STEP_W=step_w)
@@ -736,8 +735,7 @@ def _dw_planar(gz: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, Hf: int, Wf:
     origin = max(ph * Wf + pw, 0)
     f = frame(x, Hf, Wf, planar=True, origin=origin)
     partials, per = _dw_partials(dw, _frame_steps(rows, PLANAR_DW_CONFIGS))
-    grid = lambda meta: (runtime.cdiv(K, meta["BLOCK_M"]) * runtime.cdiv(C, meta["BLOCK_N"]), R * S,
-                         partials.shape[0])
-    conv2d_planar_dw_kernel[grid](g_desc, f, rows, K, C, f.shape[1], f.stride(0), origin - ph * Wf - pw, dh * Wf,
-                                  dw_, S, per, partials, PRECISION=_precision(dw.dtype))
+    conv2d_planar_dw_kernel[_dw_grid(dw, partials)](
+        g_desc, f, rows, K, C, f.shape[1], f.stride(0), origin - ph * Wf - pw, dh * Wf, dw_, S, per, partials,
+        PRECISION=_precision(dw.dtype))
     _dw_finish(partials, dw)

@@ -568,18 +568,17 @@ def binary_backward(gy: torch.Tensor, a, b, *, op_name: str, need_a: bool = True
     shape = tuple(gy.shape)
     compute = compute_dtype(gy.dtype)
 
-    launch = _Launch(shape, [gy, a, b], compute) if gy.numel() > 0 else None
+    launch = _Launch(shape, [gy, a, b], compute)
 
     # A grad whose operand was broadcast is kept in the compute dtype until it is summed; both in
     # gy's layout.
     def buffer(t, wanted):
         if not wanted:
             return None
-        dtype = t.dtype if t.numel() == gy.numel() else compute
-        return launch.empty(dtype, gy.device) if launch else torch.empty(shape, dtype=dtype, device=gy.device)
+        return launch.empty(t.dtype if t.numel() == gy.numel() else compute, gy.device)
 
     ga, gb = buffer(a, want_a), buffer(b, want_b)
-    if launch:
+    if gy.numel() > 0:
         placeholder = ga if ga is not None else gb
         launch.run(
             _binary_backward_kernel, gy, launch.pointer(1, placeholder), launch.pointer(2, placeholder),
