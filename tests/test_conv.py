@@ -316,7 +316,7 @@ def test_conv2d_stride1_framed_and_tap_major(case, layout, dtype, path, monkeypa
     monkeypatch.setattr(FR, "conv2d_nhwc_kernel", direct)
     monkeypatch.setattr(FR, "conv2d_framed_dw_kernel", dw)
     monkeypatch.setattr(FR, "conv2d_nhwc_dw_kernel", direct_dw)
-    if DEVICE == "cuda" and FR._tma_sms(torch.device(DEVICE)) == 0 and path == "framed":
+    if DEVICE.type == "cuda" and FR._tma_sms(DEVICE) == 0 and path == "framed":
         pytest.skip("no TMA on this GPU")
     _check_conv(case, layout, dtype, act="relu", seed=31)
     framed = path == "framed"
@@ -335,7 +335,7 @@ def test_conv2d_channels_last_input_is_read_in_place(view, dtype, monkeypatch):
     # tensor too.
     from ge2.kernels import conv_framed as FR
 
-    if DEVICE == "cuda" and FR._tma_sms(torch.device(DEVICE)) == 0:
+    if DEVICE.type == "cuda" and FR._tma_sms(DEVICE) == 0:
         pytest.skip("no TMA on this GPU")
     N, C, K = (1 if view == "one image" else 2), 16, 24
     wide = randn(N, 2 * C if view == "channel slice" else C, 5, 7, dtype=dtype, seed=7)
@@ -367,6 +367,37 @@ def test_conv2d_channels_last_input_is_read_in_place(view, dtype, monkeypatch):
     for i, (name, r, t) in enumerate(zip(names, [y64] + [t.grad for t in ref], [yt] + [t.grad for t in tor])):
         for path, got in zip(("in place", "framed"), results):
             assert_matches(got[i], r.detach(), t.detach(), name=f"{name} ({path})")
+
+
+def _nhwc_configs() -> list:
+    """(dtype, config) for every config of the in-place channels-last kernel that tuning can pick."""
+    from ge2.kernels import conv_framed as FR
+
+    if DEVICE.type != "cuda":  # the interpreter runs its one config
+        return [(dtype, FR.NHWC_INTERPRETER_CONFIG) for dtype in (torch.float32, torch.bfloat16)]
+    return [(torch.bfloat16, c) for c in FR.NHWC_CONFIGS_16] + [(torch.float32, c) for c in FR.NHWC_CONFIGS_32]
+
+
+@pytest.mark.parametrize("dtype,config", _nhwc_configs(), ids=lambda v: str(v) if isinstance(v, torch.dtype) else
+                         "{BI}x{BH}x{BW}-n{BLOCK_N}-tma{TMA_STORE}-ps{PERSISTENT}".format(**v.kwargs))
+def test_conv2d_nhwc_every_config(dtype, config, monkeypatch):
+    # Each in-place config alone, forward and dX: tiles of several images (a ragged last group),
+    # ragged rows, columns and channel tiles; persistent configs with one SM's worth of programs, so
+    # that each program walks many tiles.
+    from ge2.kernels import conv_framed as FR
+
+    if DEVICE.type == "cuda" and FR._tma_sms(DEVICE) == 0:
+        pytest.skip("no TMA on this GPU")
+    kernel = FR.conv2d_nhwc_kernel
+    monkeypatch.setattr(kernel, "configs", [config])
+    monkeypatch.setattr(kernel, "cache", {})
+    monkeypatch.setattr(kernel, "_fast", {}, raising=False)
+    monkeypatch.setattr(FR, "_sm_count", lambda device: 1)
+    counting = _Counting(kernel)
+    monkeypatch.setattr(FR, "conv2d_nhwc_kernel", counting)
+    case = (5, 24, 10, 19, 136, (3, 3), 1, 1, 1, 1) if DEVICE.type == "cuda" else (3, 16, 6, 7, 24, (3, 3), 1, 1, 1, 1)
+    _check_conv(case, "nhwc", dtype, act="gelu", seed=41)
+    assert counting.launches == 2 and kernel.best_config is config  # forward, dX
 
 
 def test_conv2d_framed_weight_gradient_over_splits(monkeypatch):

@@ -38,7 +38,7 @@ import triton.language as tl
 
 from ge2 import runtime
 from ge2.kernels.activations import act_fwd
-from ge2.kernels.gemm import _precision, _tile_coords, _tma_rounding, _tma_sms, tile_config
+from ge2.kernels.gemm import _precision, _sm_count, _tile_coords, _tma_rounding, _tma_sms, tile_config
 
 ENABLED = True  # off: stride-1 convs take the tap-major kernels (A/B comparisons)
 NHWC_DIRECT = True  # off: channels-last inputs are framed too (A/B comparisons)
@@ -93,7 +93,7 @@ def _prune_dw(configs, named_args, **kwargs):
 _SIZES = ["M", "Nb", "P", "Q", "Wf", "HfWf", "shift0", "tap_dh"]
 
 
-@runtime.autotune(CONFIGS_16 + CONFIGS_32, key=["M", "K", "C", "taps", "OPERAND_BYTES", "PRECISION"],
+@runtime.autotune(CONFIGS_16 + CONFIGS_32, key=["M", "K", "C", "taps", "OPERAND_BYTES", "PRECISION", "FLIP", "W_KMAJOR"],
                   default=INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune},
                   do_bench=runtime.tuning_bench)
 @triton.jit(do_not_specialize=_SIZES)
@@ -152,114 +152,149 @@ def conv2d_framed_kernel(
 
 
 # Channels-last inputs skip the frame: a 4-D TMA descriptor over [N, H, W, C] loads a
-# [1, BH, BW, BLOCK_K] box per tap at the tap's shifted corner, and the copy engine zero-fills what
-# falls outside the image (the padding). (BH, BW, BLOCK_N, warps, stages): powers of two, BH*BW
-# pixels a tile (wgmma's N: the input tile is the second operand, which keeps it in shared memory).
-_NHWC_TILES = [(8, 16, 64, 4, 4), (4, 32, 64, 4, 4), (16, 8, 64, 4, 4), (8, 8, 64, 4, 5), (8, 8, 128, 4, 4),
-               (16, 16, 128, 8, 3), (16, 8, 256, 8, 3), (8, 16, 256, 8, 3)]
+# [BI, BH, BW, BLOCK_K] box per tap at the tap's shifted corner, and the copy engine zero-fills what
+# falls outside the image (the padding). BI*BH*BW pixels a tile (wgmma's N: the input tile is the
+# second operand, which keeps it in shared memory); several images a tile let a tile fit the image
+# (8x8 pixels of 56x56, 2x16 of 14x14) and still give the MMA 128 or 256 pixels.
+# (BI, BH, BW, BLOCK_N, warps, stages, TMA_STORE, PERSISTENT); the measured winners on an H100:
+_NHWC_TILES = [
+    # one image a tile (any image size): a TMA store won at 64x64x56^2 (55 vs 58 us), masked stores
+    # at 64x256x14^2 (28 vs 33)
+    *[(1, bh, bw, bn, w, st, tma, 0) for bh, bw, bn, w, st in
+      [(8, 16, 64, 4, 4), (4, 32, 64, 4, 4), (16, 8, 64, 4, 4), (8, 8, 64, 4, 5), (8, 8, 128, 4, 4),
+       (16, 16, 128, 8, 3), (16, 8, 256, 8, 3), (8, 16, 256, 8, 3)] for tma in (1, 0)],
+    # 64x64x56^2 forward, bf16 and tf32: 40 and 79 us persistent, 51 and 91 one tile a program
+    (4, 8, 8, 64, 4, 4, 1, 1), (4, 8, 8, 64, 4, 4, 0, 1),
+    # its dX
+    (2, 8, 8, 64, 4, 4, 0, 2), (2, 8, 8, 64, 4, 4, 1, 2), (2, 8, 8, 64, 4, 3, 1, 2), (2, 8, 8, 64, 4, 3, 1, 0),
+    (2, 8, 8, 128, 8, 3, 1, 1), (2, 8, 8, 128, 8, 3, 0, 0),
+    # 64x256x14^2, bf16 27.5 us, tf32 51.5 (dX: persistent)
+    (8, 2, 16, 128, 8, 3, 1, 0), (8, 2, 16, 128, 8, 3, 0, 0), (8, 2, 16, 128, 8, 3, 0, 2),
+    (4, 2, 16, 256, 8, 3, 1, 0), (4, 2, 16, 256, 8, 3, 0, 0), (8, 2, 16, 64, 4, 3, 1, 1), (4, 2, 16, 128, 4, 4, 1, 1),
+]
 
 
 def _nhwc_block_shapes(nargs) -> None:
     """The descriptors' box shapes follow the config (set before each launch)."""
-    bh, bw, bn, bk = nargs["BH"], nargs["BW"], nargs["BLOCK_N"], nargs["BLOCK_K"]
-    nargs["x_desc"].block_shape = [1, bh, bw, bk]
+    bi, bh, bw, bn, bk = nargs["BI"], nargs["BH"], nargs["BW"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+    nargs["x_desc"].block_shape = [bi, bh, bw, bk]
     nargs["w_desc"].block_shape = [bn, bk] if nargs["W_KMAJOR"] else [bk, bn]
-    for name in ("y_desc", "z_desc"):
-        if nargs[name] is not None:
-            nargs[name].block_shape = [1, bh, bw, bn]
+    if nargs["y_desc"] is not None:
+        nargs["y_desc"].block_shape = [bi, bh, bw, bn]
 
 
-def _nhwc_cfg(bh, bw, bn, bk, warps, stages, tma_store) -> triton.Config:
-    return triton.Config({"BH": bh, "BW": bw, "BLOCK_N": bn, "BLOCK_K": bk, "TMA_STORE": tma_store},
+def _nhwc_cfg(bi, bh, bw, bn, bk, warps, stages, tma_store, persistent) -> triton.Config:
+    return triton.Config({"BI": bi, "BH": bh, "BW": bw, "BLOCK_N": bn, "BLOCK_K": bk, "TMA_STORE": tma_store,
+                          "PERSISTENT": persistent},
                          num_warps=warps, num_stages=stages, pre_hook=_nhwc_block_shapes)
 
 
-# Both epilogues: a TMA store won at 64x64x56^2 (55 vs 58 us), masked stores at 64x256x14^2 (28 vs 33).
-NHWC_CONFIGS_16 = [_nhwc_cfg(bh, bw, bn, 64, w, st, t) for bh, bw, bn, w, st in _NHWC_TILES for t in (1, 0)]
-NHWC_CONFIGS_32 = [_nhwc_cfg(bh, bw, bn, 32, w, st, t) for bh, bw, bn, w, st in _NHWC_TILES for t in (1, 0)]
-NHWC_INTERPRETER_CONFIG = _nhwc_cfg(4, 4, 16, 16, 4, 1, 0)
+NHWC_CONFIGS_16 = [_nhwc_cfg(*tile[:4], 64, *tile[4:]) for tile in _NHWC_TILES]
+NHWC_CONFIGS_32 = [_nhwc_cfg(*tile[:4], 32, *tile[4:]) for tile in _NHWC_TILES]
+NHWC_INTERPRETER_CONFIG = _nhwc_cfg(2, 4, 4, 16, 16, 4, 1, 0, 1)
+
+
+def nhwc_programs(tiles: int, persistent: int, device: torch.device) -> int:
+    """Programs of a conv2d_nhwc_kernel launch: one a tile, or ``persistent`` an SM looping over tiles."""
+    return min(tiles, persistent * _sm_count(device)) if persistent else tiles
+
+
+def _pixel_fill(c: triton.Config, nb: int, p: int, q: int) -> float:
+    """The fraction of a config's tile pixels that are output pixels."""
+    bi, bh, bw = c.kwargs["BI"], c.kwargs["BH"], c.kwargs["BW"]
+    return nb * p * q / (triton.cdiv(nb, bi) * bi * triton.cdiv(p, bh) * bh * triton.cdiv(q, bw) * bw)
 
 
 def _prune_nhwc(configs, named_args, **kwargs):
     """The configs of the operand width, at most one power of two wider than the output channels,
-    TMA stores only where the outputs take them."""
+    TMA stores only where the outputs take them, tiles that waste at most 10% more pixels than the
+    best fitting one (a dropped pixel costs as much as a kept one)."""
     a = {**named_args, **kwargs}
     space = NHWC_CONFIGS_16 if a["OPERAND_BYTES"] <= 2 else NHWC_CONFIGS_32
     k = triton.next_power_of_2(a["K"])
-    return [c for c in configs if c in space and c.kwargs["BLOCK_N"] <= max(64, k)
+    keep = [c for c in configs if c in space and c.kwargs["BLOCK_N"] <= max(64, k)
             and (a["TMA_OUT"] or not c.kwargs["TMA_STORE"])] or space[-1:]
+    fill = {id(c): _pixel_fill(c, a["Nb"], a["P"], a["Q"]) for c in keep}
+    best = max(fill.values())
+    return [c for c in keep if fill[id(c)] >= 0.9 * best]
 
 
 @runtime.autotune(NHWC_CONFIGS_16 + NHWC_CONFIGS_32,
-                  key=["Nb", "P", "Q", "K", "C", "taps", "OPERAND_BYTES", "PRECISION", "TMA_OUT"],
+                  key=["Nb", "P", "Q", "K", "C", "taps", "OPERAND_BYTES", "PRECISION", "TMA_OUT", "FLIP", "W_KMAJOR"],
                   default=NHWC_INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_nhwc},
                   do_bench=runtime.tuning_bench)
 @triton.jit(do_not_specialize=["Nb", "P", "Q", "pad_h", "pad_w"])
 def conv2d_nhwc_kernel(
-    x_desc, w_desc, y_desc, z_desc, bias_ptr, y_ptr, z_ptr,
+    x_desc, w_desc, y_desc, bias_ptr, y_ptr, z_ptr,
     Nb, P, Q, K, C, Cs, pad_h, pad_w, dil_h, dil_w, S, taps,
     syn, syk, syp, syq, sbias, act_alpha,
     FLIP: tl.constexpr, W_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SAVE_Z: tl.constexpr,
     TMA_OUT: tl.constexpr, OPERAND_BYTES: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BH: tl.constexpr, BW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA_STORE: tl.constexpr,
+    BI: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TMA_STORE: tl.constexpr, PERSISTENT: tl.constexpr,
 ):
-    """One [BH x BW output pixels of one image, BLOCK_N out channels] tile of Y = act(conv(X) + bias).
+    """[BI images x BH x BW output pixels, BLOCK_N out channels] tiles of Y = act(conv(X) + bias):
+    one a program, or (PERSISTENT) every num_programs-th, the loops flattened so that the next tile's
+    loads stream in during this one's epilogue.
 
     x_desc: X [N, H, W, C] (channels innermost); w_desc as conv2d_framed_kernel's. Tap t = (r, s)
     of output pixel (p, q) reads input pixel (p + r*dil_h - pad_h, q + s*dil_w - pad_w).
     """
-    BM: tl.constexpr = BH * BW
-    pid = tl.program_id(0)
+    BM: tl.constexpr = BI * BH * BW
     n_tiles = tl.cdiv(K, BLOCK_N)
     tiles_q = tl.cdiv(Q, BW)
     tiles_p = tl.cdiv(P, BH)
-    # Output-channel tiles fastest: the programs that share an input tile run side by side.
-    pid_n = pid % n_tiles
-    pix = pid // n_tiles
-    tq = pix % tiles_q
-    rest = pix // tiles_q
-    tp = rest % tiles_p
-    nb = rest // tiles_p
-    p0 = tp * BH
-    q0 = tq * BW
-    n0 = pid_n * BLOCK_N
+    num_tiles = tl.cdiv(Nb, BI) * tiles_p * tiles_q * n_tiles
     c_blocks = tl.cdiv(C, BLOCK_K)
-    # Y^T += W_tile @ X_tile^T: as wgmma's second operand the reshaped box is read where TMA put it
-    # (as the first, Triton 3.6 moves it through registers).
-    acc = tl.zeros((BLOCK_N, BM), dtype=tl.float32)
-    for step in range(0, taps * c_blocks):
-        tap = step // c_blocks
-        c0 = (step - tap * c_blocks) * BLOCK_K
-        r = tap // S
-        a = x_desc.load([nb, p0 + r * dil_h - pad_h, q0 + (tap - r * S) * dil_w - pad_w, c0]).reshape(BM, BLOCK_K)
-        w_tap = taps - 1 - tap if FLIP else tap
-        if W_KMAJOR:  # channels past C: A's are zero-filled, so B's (the next tap's) add nothing
-            b = w_desc.load([n0, w_tap * Cs + c0])
-        else:  # dX from the forward's W: [reduction, output] tiles
-            b = w_desc.load([c0, w_tap * Cs + n0]).T
-        if UPCAST:  # the interpreter cannot do 16-bit arithmetic; exact products either way
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(b, a.T, acc, input_precision=PRECISION, out_dtype=tl.float32)
-    z = acc.T
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < K
-    if HAS_BIAS:
-        z += tl.load(bias_ptr + offs_n * sbias, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    y = act_fwd(z, ACT, act_alpha).to(y_ptr.dtype.element_ty)
-    if TMA_STORE:  # the copy engine drops what falls past P, Q or K
-        if SAVE_Z:
-            z_desc.store([nb, p0, q0, n0], z.to(z_ptr.dtype.element_ty).reshape(1, BH, BW, BLOCK_N))
-        y_desc.store([nb, p0, q0, n0], y.reshape(1, BH, BW, BLOCK_N))
-    else:
-        m = tl.arange(0, BM)
-        p = p0 + m // BW
-        q = q0 + m % BW
-        y_offs = (nb.to(tl.int64) * syn + p * syp + q * syq)[:, None] + offs_n[None, :].to(tl.int64) * syk
-        mask = ((p < P) & (q < Q))[:, None] & mask_n[None, :]
-        if SAVE_Z:
-            tl.store(z_ptr + y_offs, z.to(z_ptr.dtype.element_ty), mask=mask)
-        tl.store(y_ptr + y_offs, y, mask=mask)
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=PERSISTENT > 0):
+        # Output-channel tiles fastest: the programs that share an input tile run side by side.
+        pid_n = tile % n_tiles
+        pix = tile // n_tiles
+        tq = pix % tiles_q
+        rest = pix // tiles_q
+        tp = rest % tiles_p
+        i0 = (rest // tiles_p) * BI
+        p0 = tp * BH
+        q0 = tq * BW
+        n0 = pid_n * BLOCK_N
+        # Y^T += W_tile @ X_tile^T: as wgmma's second operand the reshaped box is read where TMA put it
+        # (as the first, Triton 3.6 moves it through registers).
+        acc = tl.zeros((BLOCK_N, BM), dtype=tl.float32)
+        for step in range(0, taps * c_blocks):
+            tap = step // c_blocks
+            c0 = (step - tap * c_blocks) * BLOCK_K
+            r = tap // S
+            a = x_desc.load([i0, p0 + r * dil_h - pad_h, q0 + (tap - r * S) * dil_w - pad_w, c0]).reshape(BM, BLOCK_K)
+            w_tap = taps - 1 - tap if FLIP else tap
+            if W_KMAJOR:  # channels past C: A's are zero-filled, so B's (the next tap's) add nothing
+                b = w_desc.load([n0, w_tap * Cs + c0])
+            else:  # dX from the forward's W: [reduction, output] tiles
+                b = w_desc.load([c0, w_tap * Cs + n0]).T
+            if UPCAST:  # the interpreter cannot do 16-bit arithmetic; exact products either way
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(b, a.T, acc, input_precision=PRECISION, out_dtype=tl.float32)
+        z = acc.T
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < K
+        if HAS_BIAS:
+            z += tl.load(bias_ptr + offs_n * sbias, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        y = act_fwd(z, ACT, act_alpha).to(y_ptr.dtype.element_ty)
+        if TMA_STORE:  # the copy engine drops what falls past N, P, Q or K
+            y_desc.store([i0, p0, q0, n0], y.reshape(BI, BH, BW, BLOCK_N))
+        # Z (y's strides) always by masked stores: a second TMA store would take a second output
+        # tile of shared memory, which the wide fp32 tiles do not have.
+        if SAVE_Z or not TMA_STORE:
+            m = tl.arange(0, BM)
+            i = i0 + m // (BH * BW)
+            p = p0 + (m // BW) % BH
+            q = q0 + m % BW
+            y_offs = (i.to(tl.int64) * syn + p * syp + q * syq)[:, None] + offs_n[None, :].to(tl.int64) * syk
+            mask = ((i < Nb) & (p < P) & (q < Q))[:, None] & mask_n[None, :]
+            if SAVE_Z:
+                tl.store(z_ptr + y_offs, z.to(z_ptr.dtype.element_ty), mask=mask)
+            if not TMA_STORE:
+                tl.store(y_ptr + y_offs, y, mask=mask)
 
 
 @runtime.autotune(CONFIGS_16, key=["M", "K", "C", "S", "SPLIT_STEPS"],
@@ -585,14 +620,14 @@ def _nhwc_conv(src: torch.Tensor, dims: tuple[list[int], list[int]], w_rows: tor
     precision = _precision(src.dtype)
     round_tf32 = precision == "tf32" and not runtime.is_interpreter()
     x_desc, w_desc = _descriptor(src, round_tf32, *dims), _descriptor(w_rows, round_tf32)
-    y_dims, z_dims = nhwc_dims(out), nhwc_dims(z) if z is not None else None
-    tma_out = y_dims is not None and (z is None or z_dims == y_dims)  # z is stored through y's strides
+    y_dims = nhwc_dims(out)
+    tma_out = y_dims is not None
     y_desc = _descriptor(out, False, *y_dims) if tma_out else None
-    z_desc = _descriptor(z, False, *z_dims) if tma_out and z is not None else None
-    grid = lambda meta: (Nb * runtime.cdiv(P, meta["BH"]) * runtime.cdiv(Q, meta["BW"])
-                         * runtime.cdiv(K, meta["BLOCK_N"]),)
+    grid = lambda meta: (nhwc_programs(runtime.cdiv(Nb, meta["BI"]) * runtime.cdiv(P, meta["BH"])
+                                       * runtime.cdiv(Q, meta["BW"]) * runtime.cdiv(K, meta["BLOCK_N"]),
+                                       meta["PERSISTENT"], src.device),)
     conv2d_nhwc_kernel[grid](
-        x_desc, w_desc, y_desc, z_desc, bias if bias is not None else out, out, z if z is not None else out,
+        x_desc, w_desc, y_desc, bias if bias is not None else out, out, z if z is not None else out,
         Nb, P, Q, K, C, w_rows.shape[1] // (R * S), pad[0], pad[1], dilation[0], dilation[1], S, R * S,
         *out.stride(), bias.stride(0) if bias is not None else 0, float(act_alpha),
         FLIP=flip, W_KMAJOR=w_kmajor, HAS_BIAS=bias is not None, ACT=code, SAVE_Z=z is not None, TMA_OUT=tma_out,
