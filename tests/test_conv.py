@@ -383,7 +383,7 @@ def _nhwc_configs() -> list:
 def test_conv2d_nhwc_every_config(dtype, config, monkeypatch):
     # Each in-place config alone, forward and dX: tiles of several images (a ragged last group),
     # ragged rows, columns and channel tiles; persistent configs with one SM's worth of programs, so
-    # that each program walks many tiles.
+    # that each program walks many tiles. Z (gelu) comes with the pointer stores only.
     from ge2.kernels import conv_framed as FR
 
     if DEVICE.type == "cuda" and FR._tma_sms(DEVICE) == 0:
@@ -396,7 +396,7 @@ def test_conv2d_nhwc_every_config(dtype, config, monkeypatch):
     counting = _Counting(kernel)
     monkeypatch.setattr(FR, "conv2d_nhwc_kernel", counting)
     case = (5, 24, 10, 19, 136, (3, 3), 1, 1, 1, 1) if DEVICE.type == "cuda" else (3, 16, 6, 7, 24, (3, 3), 1, 1, 1, 1)
-    _check_conv(case, "nhwc", dtype, act="gelu", seed=41)
+    _check_conv(case, "nhwc", dtype, act="relu" if config.kwargs["TMA_STORE"] else "gelu", seed=41)
     assert counting.launches == 2 and kernel.best_config is config  # forward, dX
 
 

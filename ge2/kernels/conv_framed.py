@@ -282,9 +282,7 @@ def conv2d_nhwc_kernel(
         y = act_fwd(z, ACT, act_alpha).to(y_ptr.dtype.element_ty)
         if TMA_STORE:  # the copy engine drops what falls past N, P, Q or K
             y_desc.store([i0, p0, q0, n0], y.reshape(BI, BH, BW, BLOCK_N))
-        # Z (y's strides) always by masked stores: a second TMA store would take a second output
-        # tile of shared memory, which the wide fp32 tiles do not have.
-        if SAVE_Z or not TMA_STORE:
+        else:  # Z (laid out as Y) only comes this way: see _nhwc_conv
             m = tl.arange(0, BM)
             i = i0 + m // (BH * BW)
             p = p0 + (m // BW) % BH
@@ -293,8 +291,7 @@ def conv2d_nhwc_kernel(
             mask = ((i < Nb) & (p < P) & (q < Q))[:, None] & mask_n[None, :]
             if SAVE_Z:
                 tl.store(z_ptr + y_offs, z.to(z_ptr.dtype.element_ty), mask=mask)
-            if not TMA_STORE:
-                tl.store(y_ptr + y_offs, y, mask=mask)
+            tl.store(y_ptr + y_offs, y, mask=mask)
 
 
 @runtime.autotune(CONFIGS_16, key=["M", "K", "C", "S", "SPLIT_STEPS"],
@@ -621,7 +618,9 @@ def _nhwc_conv(src: torch.Tensor, dims: tuple[list[int], list[int]], w_rows: tor
     round_tf32 = precision == "tf32" and not runtime.is_interpreter()
     x_desc, w_desc = _descriptor(src, round_tf32, *dims), _descriptor(w_rows, round_tf32)
     y_dims = nhwc_dims(out)
-    tma_out = y_dims is not None
+    # Convs that save Z store by pointers: the wide fp32 tiles have no shared memory for Z's tile
+    # beside Y's TMA tile (z-saving and plain convs tune apart: TMA_OUT is in the key).
+    tma_out = y_dims is not None and z is None
     y_desc = _descriptor(out, False, *y_dims) if tma_out else None
     grid = lambda meta: (nhwc_programs(runtime.cdiv(Nb, meta["BI"]) * runtime.cdiv(P, meta["BH"])
                                        * runtime.cdiv(Q, meta["BW"]) * runtime.cdiv(K, meta["BLOCK_N"]),
