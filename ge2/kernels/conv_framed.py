@@ -618,9 +618,10 @@ def _nhwc_conv(src: torch.Tensor, dims: tuple[list[int], list[int]], w_rows: tor
     round_tf32 = precision == "tf32" and not runtime.is_interpreter()
     x_desc, w_desc = _descriptor(src, round_tf32, *dims), _descriptor(w_rows, round_tf32)
     y_dims = nhwc_dims(out)
-    # Convs that save Z store by pointers: the wide fp32 tiles have no shared memory for Z's tile
-    # beside Y's TMA tile (z-saving and plain convs tune apart: TMA_OUT is in the key).
-    tma_out = y_dims is not None and z is None
+    # Y by TMA needs a tile of shared memory beside the pipeline's: none for Z's (z-saving convs
+    # store by pointers) nor in fp32-ieee, whose CUDA-core dot stages its operands there too (the
+    # wide tiles overflowed). TMA_OUT is in the tuning key: the three kinds tune apart.
+    tma_out = y_dims is not None and z is None and not (src.element_size() == 4 and precision == "ieee")
     y_desc = _descriptor(out, False, *y_dims) if tma_out else None
     grid = lambda meta: (nhwc_programs(runtime.cdiv(Nb, meta["BI"]) * runtime.cdiv(P, meta["BH"])
                                        * runtime.cdiv(Q, meta["BW"]) * runtime.cdiv(K, meta["BLOCK_N"]),
