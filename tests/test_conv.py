@@ -373,8 +373,13 @@ def _nhwc_configs() -> list:
     """(dtype, config) for every config of the in-place channels-last kernel that tuning can pick."""
     from ge2.kernels import conv_framed as FR
 
-    if DEVICE.type != "cuda":  # the interpreter runs its one config
-        return [(dtype, FR.NHWC_INTERPRETER_CONFIG) for dtype in (torch.float32, torch.bfloat16)]
+    if DEVICE.type != "cuda":  # the interpreter's config, persistent and not
+        pinned = FR.NHWC_INTERPRETER_CONFIG
+        kw = pinned.kwargs
+        one_tile = FR._nhwc_cfg(kw["BI"], kw["BH"], kw["BW"], kw["BLOCK_N"], kw["BLOCK_K"], pinned.num_warps,
+                                pinned.num_stages, kw["TMA_STORE"], 0)
+        configs = [pinned, one_tile]
+        return [(dtype, c) for dtype in (torch.float32, torch.bfloat16) for c in configs]
     return [(torch.bfloat16, c) for c in FR.NHWC_CONFIGS_16] + [(torch.float32, c) for c in FR.NHWC_CONFIGS_32]
 
 

@@ -234,64 +234,84 @@ def conv2d_nhwc_kernel(
     TMA_STORE: tl.constexpr, PERSISTENT: tl.constexpr,
 ):
     """[BI images x BH x BW output pixels, BLOCK_N out channels] tiles of Y = act(conv(X) + bias):
-    one a program, or (PERSISTENT) every num_programs-th, the loops flattened so that the next tile's
-    loads stream in during this one's epilogue.
+    one a program, or (PERSISTENT) every num_programs-th, the tile and step loops flattened so that
+    the next tile's loads stream in during this one's epilogue.
 
     x_desc: X [N, H, W, C] (channels innermost); w_desc as conv2d_framed_kernel's. Tap t = (r, s)
     of output pixel (p, q) reads input pixel (p + r*dil_h - pad_h, q + s*dil_w - pad_w).
     """
+    if PERSISTENT:
+        num_tiles = tl.cdiv(Nb, BI) * tl.cdiv(P, BH) * tl.cdiv(Q, BW) * tl.cdiv(K, BLOCK_N)
+        for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
+            _nhwc_tile(tile, x_desc, w_desc, y_desc, bias_ptr, y_ptr, z_ptr, Nb, P, Q, K, C, Cs, pad_h, pad_w,
+                       dil_h, dil_w, S, taps, syn, syk, syp, syq, sbias, act_alpha, FLIP, W_KMAJOR, HAS_BIAS, ACT,
+                       SAVE_Z, PRECISION, UPCAST, BI, BH, BW, BLOCK_N, BLOCK_K, TMA_STORE)
+    else:  # no tile loop: Y's TMA tile reuses the pipeline's shared memory (the loop's stays live)
+        _nhwc_tile(tl.program_id(0), x_desc, w_desc, y_desc, bias_ptr, y_ptr, z_ptr, Nb, P, Q, K, C, Cs, pad_h,
+                   pad_w, dil_h, dil_w, S, taps, syn, syk, syp, syq, sbias, act_alpha, FLIP, W_KMAJOR, HAS_BIAS, ACT,
+                   SAVE_Z, PRECISION, UPCAST, BI, BH, BW, BLOCK_N, BLOCK_K, TMA_STORE)
+
+
+@triton.jit
+def _nhwc_tile(
+    tile, x_desc, w_desc, y_desc, bias_ptr, y_ptr, z_ptr,
+    Nb, P, Q, K, C, Cs, pad_h, pad_w, dil_h, dil_w, S, taps,
+    syn, syk, syp, syq, sbias, act_alpha,
+    FLIP: tl.constexpr, W_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SAVE_Z: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, BI: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA_STORE: tl.constexpr,
+):
+    """Tile ``tile`` of conv2d_nhwc_kernel."""
     BM: tl.constexpr = BI * BH * BW
     n_tiles = tl.cdiv(K, BLOCK_N)
     tiles_q = tl.cdiv(Q, BW)
     tiles_p = tl.cdiv(P, BH)
-    num_tiles = tl.cdiv(Nb, BI) * tiles_p * tiles_q * n_tiles
     c_blocks = tl.cdiv(C, BLOCK_K)
-    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=PERSISTENT > 0):
-        # Output-channel tiles fastest: the programs that share an input tile run side by side.
-        pid_n = tile % n_tiles
-        pix = tile // n_tiles
-        tq = pix % tiles_q
-        rest = pix // tiles_q
-        tp = rest % tiles_p
-        i0 = (rest // tiles_p) * BI
-        p0 = tp * BH
-        q0 = tq * BW
-        n0 = pid_n * BLOCK_N
-        # Y^T += W_tile @ X_tile^T: as wgmma's second operand the reshaped box is read where TMA put it
-        # (as the first, Triton 3.6 moves it through registers).
-        acc = tl.zeros((BLOCK_N, BM), dtype=tl.float32)
-        for step in range(0, taps * c_blocks):
-            tap = step // c_blocks
-            c0 = (step - tap * c_blocks) * BLOCK_K
-            r = tap // S
-            a = x_desc.load([i0, p0 + r * dil_h - pad_h, q0 + (tap - r * S) * dil_w - pad_w, c0]).reshape(BM, BLOCK_K)
-            w_tap = taps - 1 - tap if FLIP else tap
-            if W_KMAJOR:  # channels past C: A's are zero-filled, so B's (the next tap's) add nothing
-                b = w_desc.load([n0, w_tap * Cs + c0])
-            else:  # dX from the forward's W: [reduction, output] tiles
-                b = w_desc.load([c0, w_tap * Cs + n0]).T
-            if UPCAST:  # the interpreter cannot do 16-bit arithmetic; exact products either way
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(b, a.T, acc, input_precision=PRECISION, out_dtype=tl.float32)
-        z = acc.T
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < K
-        if HAS_BIAS:
-            z += tl.load(bias_ptr + offs_n * sbias, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-        y = act_fwd(z, ACT, act_alpha).to(y_ptr.dtype.element_ty)
-        if TMA_STORE:  # the copy engine drops what falls past N, P, Q or K
-            y_desc.store([i0, p0, q0, n0], y.reshape(BI, BH, BW, BLOCK_N))
-        else:  # Z (laid out as Y) only comes this way: see _nhwc_conv
-            m = tl.arange(0, BM)
-            i = i0 + m // (BH * BW)
-            p = p0 + (m // BW) % BH
-            q = q0 + m % BW
-            y_offs = (i.to(tl.int64) * syn + p * syp + q * syq)[:, None] + offs_n[None, :].to(tl.int64) * syk
-            mask = ((i < Nb) & (p < P) & (q < Q))[:, None] & mask_n[None, :]
-            if SAVE_Z:
-                tl.store(z_ptr + y_offs, z.to(z_ptr.dtype.element_ty), mask=mask)
-            tl.store(y_ptr + y_offs, y, mask=mask)
+    # Output-channel tiles fastest: the programs that share an input tile run side by side.
+    pid_n = tile % n_tiles
+    pix = tile // n_tiles
+    tq = pix % tiles_q
+    rest = pix // tiles_q
+    tp = rest % tiles_p
+    i0 = (rest // tiles_p) * BI
+    p0 = tp * BH
+    q0 = tq * BW
+    n0 = pid_n * BLOCK_N
+    # Y^T += W_tile @ X_tile^T: as wgmma's second operand the reshaped box is read where TMA put it
+    # (as the first, Triton 3.6 moves it through registers).
+    acc = tl.zeros((BLOCK_N, BM), dtype=tl.float32)
+    for step in range(0, taps * c_blocks):
+        tap = step // c_blocks
+        c0 = (step - tap * c_blocks) * BLOCK_K
+        r = tap // S
+        a = x_desc.load([i0, p0 + r * dil_h - pad_h, q0 + (tap - r * S) * dil_w - pad_w, c0]).reshape(BM, BLOCK_K)
+        w_tap = taps - 1 - tap if FLIP else tap
+        if W_KMAJOR:  # channels past C: A's are zero-filled, so B's (the next tap's) add nothing
+            b = w_desc.load([n0, w_tap * Cs + c0])
+        else:  # dX from the forward's W: [reduction, output] tiles
+            b = w_desc.load([c0, w_tap * Cs + n0]).T
+        if UPCAST:  # the interpreter cannot do 16-bit arithmetic; exact products either way
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(b, a.T, acc, input_precision=PRECISION, out_dtype=tl.float32)
+    z = acc.T
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < K
+    if HAS_BIAS:
+        z += tl.load(bias_ptr + offs_n * sbias, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    y = act_fwd(z, ACT, act_alpha).to(y_ptr.dtype.element_ty)
+    if TMA_STORE:  # the copy engine drops what falls past N, P, Q or K
+        y_desc.store([i0, p0, q0, n0], y.reshape(BI, BH, BW, BLOCK_N))
+    else:  # Z (laid out as Y) only comes this way: see _nhwc_conv
+        m = tl.arange(0, BM)
+        i = i0 + m // (BH * BW)
+        p = p0 + (m // BW) % BH
+        q = q0 + m % BW
+        y_offs = (i.to(tl.int64) * syn + p * syp + q * syq)[:, None] + offs_n[None, :].to(tl.int64) * syk
+        mask = ((i < Nb) & (p < P) & (q < Q))[:, None] & mask_n[None, :]
+        if SAVE_Z:
+            tl.store(z_ptr + y_offs, z.to(z_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_ptr + y_offs, y, mask=mask)
 
 
 @runtime.autotune(CONFIGS_16, key=["M", "K", "C", "S", "SPLIT_STEPS"],
