@@ -21,9 +21,9 @@ frame rows at a constant shift: a plain 2-D TMA load, no address arithmetic, no 
   across programs, fp32 partials added in a fixed order.
 
 * in place (``conv2d_nhwc_kernel``, ``conv2d_nhwc_dw_kernel``): a channels-last input with 16-byte
-  aligned pixel rows needs no frame. A 4-D descriptor reads it as [N, H, W, C]; a tile is BH x BW
-  output pixels of one image, tap (r, s) loads the box at the tap-shifted corner, and the copy
-  engine zero-fills what falls outside the image (the padding). dX likewise from channels-last
+  aligned pixel rows needs no frame. A 4-D descriptor reads it as [N, H, W, C]; a tile is BI images
+  x BH x BW output pixels, tap (r, s) loads the box at the tap-shifted corner, and the copy engine
+  zero-fills what falls outside the image (the padding); persistent configs loop over tiles. dX likewise from channels-last
   gZ; 16-bit dW from channels-last gZ and x (up to ``NHWC_DW_MAX_KC``).
 
 Gaps of ``max(pad, d*(R-1) - pad)`` rows/columns serve all three passes, so dX and dW share one
@@ -93,7 +93,8 @@ def _prune_dw(configs, named_args, **kwargs):
 _SIZES = ["M", "Nb", "P", "Q", "Wf", "HfWf", "shift0", "tap_dh"]
 
 
-@runtime.autotune(CONFIGS_16 + CONFIGS_32, key=["M", "K", "C", "taps", "OPERAND_BYTES", "PRECISION", "FLIP", "W_KMAJOR"],
+@runtime.autotune(CONFIGS_16 + CONFIGS_32,
+                  key=["M", "K", "C", "taps", "OPERAND_BYTES", "PRECISION", "FLIP", "W_KMAJOR"],
                   default=INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune},
                   do_bench=runtime.tuning_bench)
 @triton.jit(do_not_specialize=_SIZES)
