@@ -23,8 +23,8 @@ frame rows at a constant shift: a plain 2-D TMA load, no address arithmetic, no 
 * in place (``conv2d_nhwc_kernel``, ``conv2d_nhwc_dw_kernel``): a channels-last input with 16-byte
   aligned pixel rows needs no frame. A 4-D descriptor reads it as [N, H, W, C]; a tile is BI images
   x BH x BW output pixels, tap (r, s) loads the box at the tap-shifted corner, and the copy engine
-  zero-fills what falls outside the image (the padding); persistent configs loop over tiles. dX likewise from channels-last
-  gZ; 16-bit dW from channels-last gZ and x (up to ``NHWC_DW_MAX_KC``).
+  zero-fills what falls outside the image (the padding); persistent configs loop over tiles. dX
+  likewise from channels-last gZ; 16-bit dW from channels-last gZ and x (up to ``NHWC_DW_MAX_KC``).
 
 Gaps of ``max(pad, d*(R-1) - pad)`` rows/columns serve all three passes, so dX and dW share one
 framed gZ. The tap-major kernel of ``ge2.kernels.conv`` read X through per-pixel masked loads
@@ -195,7 +195,7 @@ NHWC_CONFIGS_32 = [_nhwc_cfg(*tile[:4], 32, *tile[4:]) for tile in _NHWC_TILES]
 NHWC_INTERPRETER_CONFIG = _nhwc_cfg(2, 4, 4, 16, 16, 4, 1, 0, 1)
 
 
-def nhwc_programs(tiles: int, persistent: int, device: torch.device) -> int:
+def _nhwc_programs(tiles: int, persistent: int, device: torch.device) -> int:
     """Programs of a conv2d_nhwc_kernel launch: one a tile, or ``persistent`` an SM looping over tiles."""
     return min(tiles, persistent * _sm_count(device)) if persistent else tiles
 
@@ -644,9 +644,9 @@ def _nhwc_conv(src: torch.Tensor, dims: tuple[list[int], list[int]], w_rows: tor
     # wide tiles overflowed). TMA_OUT is in the tuning key: the three kinds tune apart.
     tma_out = y_dims is not None and z is None and not (src.element_size() == 4 and precision == "ieee")
     y_desc = _descriptor(out, False, *y_dims) if tma_out else None
-    grid = lambda meta: (nhwc_programs(runtime.cdiv(Nb, meta["BI"]) * runtime.cdiv(P, meta["BH"])
-                                       * runtime.cdiv(Q, meta["BW"]) * runtime.cdiv(K, meta["BLOCK_N"]),
-                                       meta["PERSISTENT"], src.device),)
+    grid = lambda meta: (_nhwc_programs(runtime.cdiv(Nb, meta["BI"]) * runtime.cdiv(P, meta["BH"])
+                                        * runtime.cdiv(Q, meta["BW"]) * runtime.cdiv(K, meta["BLOCK_N"]),
+                                        meta["PERSISTENT"], src.device),)
     conv2d_nhwc_kernel[grid](
         x_desc, w_desc, y_desc, bias if bias is not None else out, out, z if z is not None else out,
         Nb, P, Q, K, C, w_rows.shape[1] // (R * S), pad[0], pad[1], dilation[0], dilation[1], S, R * S,
