@@ -401,8 +401,8 @@ def test_conv2d_nhwc_every_config(dtype, config, monkeypatch):
     counting = _Counting(kernel)
     monkeypatch.setattr(FR, "conv2d_nhwc_kernel", counting)
     case = (5, 24, 10, 19, 136, (3, 3), 1, 1, 1, 1) if DEVICE.type == "cuda" else (3, 16, 6, 7, 24, (3, 3), 1, 1, 1, 1)
-    # fp32 in tf32, the tensor-core kernels these configs are for (Triton's ieee fp32 dot runs on
-    # the CUDA cores and needs more shared memory: the autotuner skips the configs that overflow).
+    # fp32 in tf32, the tensor-core kernels these configs are for (fp32-ieee stores by pointers, so
+    # the TMA-store configs are not its to run: the launcher passes TMA_OUT=False there).
     old = ge2.set_matmul_precision("tf32")
     try:
         _check_conv(case, "nhwc", dtype, act="relu" if config.kwargs["TMA_STORE"] else "gelu", seed=41)
