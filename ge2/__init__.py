@@ -59,6 +59,7 @@ from ge2.autograd.math import (  # noqa: F401
     sum,
     tanh,
     transpose,
+    unbind,
     unsqueeze,
     where,
 )

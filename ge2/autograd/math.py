@@ -648,6 +648,32 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     return cat([unsqueeze(t, d) for t in tensors], d)
 
 
+class Unbind(Function):
+    """The slices of x along dim, as views; the gradient is the slices' gradients copied into one buffer."""
+
+    @staticmethod
+    def forward(ctx, x, dim):
+        ctx.shape, ctx.dtype, ctx.dim = tuple(x.shape), x.dtype, dim
+        return tuple(x.unbind(dim))
+
+    @staticmethod
+    def backward(ctx, *gys):
+        gx = torch.empty(ctx.shape, dtype=ctx.dtype, device=next(g for g in gys if g is not None).device)
+        for i, g in enumerate(gys):
+            part = gx.select(ctx.dim, i)
+            part.zero_() if g is None else part.copy_(g)
+        return gx, None
+
+
+def unbind(x: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
+    """The slices of x along ``dim`` (views, without that dim): x [.., n, ..] -> n tensors."""
+    if x.ndim == 0:
+        raise ValueError("unbind: cannot unbind a 0-d tensor")
+    d = _norm_dim("unbind", dim, x.ndim)
+    out = Unbind.apply(x, d)
+    return out if isinstance(out, tuple) else (out,)
+
+
 # ---------------------------------------------------------------------------------------------
 # in-place ops
 # ---------------------------------------------------------------------------------------------
@@ -705,7 +731,7 @@ def _install_methods() -> None:
     T.matmul = lambda self, o: linalg.matmul(self, o)
     T.reshape, T.view, T.flatten, T.permute, T.transpose = reshape, view, flatten, permute, transpose
     T.expand, T.broadcast_to, T.unsqueeze, T.squeeze = expand, broadcast_to, unsqueeze, squeeze
-    T.clone, T.contiguous = clone, contiguous
+    T.clone, T.contiguous, T.unbind = clone, contiguous, unbind
     T.T = property(lambda self: permute(self, *reversed(range(self.ndim))))
     T.mT = property(lambda self: transpose(self, -2, -1))
     T.__getitem__ = index
