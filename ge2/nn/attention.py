@@ -77,8 +77,9 @@ class MultiheadAttention(Module):
         else:
             self.register_parameter("in_proj_bias", None)
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias, device=dev, dtype=dtype)
-        self.register_buffer("rng_state", Tensor(new_rng_state(dev)), persistent=False)
         self._reset_parameters()
+        # after the init, so the parameters draw torch's random numbers in torch's order
+        self.register_buffer("rng_state", Tensor(new_rng_state(dev)), persistent=False)
 
     def _reset_parameters(self) -> None:
         """torch's init: xavier-uniform projections, zero biases (out_proj's weight keeps Linear's init)."""
