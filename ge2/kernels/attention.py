@@ -1,0 +1,586 @@
+"""Flash attention: forward and backward Triton kernels and their launchers.
+
+    scores = scale * q @ k^T (+ mask; causal: column j only for row i >= j)
+    P = softmax(scores) (fp32),  o = (P * keep / (1 - p)) @ v,  lse = log sum exp(scores)
+
+Shapes: q [B, Hq, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev], any strides; q head h reads kv head
+h // (Hq // Hkv) (grouped queries, k and v never repeated). The head dims are padded inside the
+kernels to HEAD_DIM = max(16, next_pow2(E)) with masked loads. No L x S tensor exists anywhere:
+
+* forward (``attention_fwd_kernel``): a program owns BLOCK_M query rows of one head, keeps them in
+  registers and sweeps the key/value blocks once with an online softmax (a running max and sum per
+  row, the accumulator rescaled when the max grows). Scores live in the log2 domain (log2(e) folded
+  into the scale) so each probability is one exp2. It stores o and the row's lse (fp32).
+* backward: ``delta = rowsum(dO * O)`` (``attention_bwd_preprocess_kernel``), then P is recomputed
+  from q, k and lse. ``attention_bwd_dkdv_kernel`` owns BLOCK_N keys of one kv head and walks the
+  query blocks of every q head of its group, so dk and dv are summed in registers in a fixed order
+  (deterministic, no atomics); ``attention_bwd_dq_kernel`` owns BLOCK_M query rows and walks the
+  key blocks.
+
+Causal programs stop at their diagonal (the key blocks after it are never loaded) and only the
+blocks that straddle it, or the ragged end of the sequence, pay for the element masks: each sweep
+runs twice, an unmasked stage over the full blocks and a masked stage over the rest.
+
+A row with nothing to attend to (every score -inf) gets o = 0, lse = -inf and zero gradients: the
+running max is shifted by 0 instead of -inf, and backward reads its lse as +inf so that P = 0.
+
+Dropout regenerates its keep mask wherever P is (re)computed: element (b, h, i, j) keeps when
+``tl.rand(seed, offset + ((b*Hq + h)*L + i)*S + j) >= p``, [seed, offset] read from the device.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ge2 import runtime
+from ge2.runtime import cdiv
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+SMEM_BUDGET = 200 * 1024  # bytes of shared memory a config may plan for (H100: 227 KB per block)
+SMALL_WORK = 1 << 22  # B*Hq*L*S below this: one config, no tuning (launch-bound, and the GPU tests stay fast)
+
+MASK_NONE, MASK_BOOL, MASK_FLOAT = 0, 1, 2
+
+
+def _cfg(bm: int, bn: int, stages: int, warps: int) -> triton.Config:
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=stages, num_warps=warps)
+
+
+INTERPRETER_CONFIG = _cfg(16, 16, 1, 4)
+
+# Per head-dim bucket (padded HEAD_DIM <= 64, 128, 256): (BLOCK_M, BLOCK_N, stages, warps). The first
+# of each is the one small problems take untuned. Forward: BLOCK_M query rows x BLOCK_N keys.
+FWD_SPACES = {
+    64: [_cfg(64, 64, 3, 4), _cfg(128, 64, 3, 4), _cfg(128, 128, 3, 8), _cfg(128, 64, 4, 8), _cfg(64, 32, 4, 4)],
+    128: [_cfg(64, 64, 3, 4), _cfg(128, 64, 3, 8), _cfg(128, 128, 3, 8), _cfg(128, 64, 4, 8), _cfg(128, 32, 4, 4)],
+    256: [_cfg(64, 32, 2, 4), _cfg(64, 64, 2, 4), _cfg(128, 64, 2, 8), _cfg(64, 32, 3, 4)],
+}
+# dK/dV: BLOCK_N keys held, BLOCK_M query rows a step (the accumulators are two [BLOCK_N, HEAD_DIM] tiles).
+DKDV_SPACES = {
+    64: [_cfg(32, 64, 3, 4), _cfg(32, 128, 3, 4), _cfg(64, 128, 3, 8), _cfg(64, 64, 3, 4)],
+    128: [_cfg(32, 64, 3, 4), _cfg(32, 128, 2, 8), _cfg(64, 128, 2, 8), _cfg(64, 64, 2, 4)],
+    256: [_cfg(32, 64, 2, 8), _cfg(32, 32, 2, 4), _cfg(64, 64, 1, 8), _cfg(16, 64, 2, 4)],
+}
+# dQ: BLOCK_M query rows held, BLOCK_N keys a step.
+DQ_SPACES = {
+    64: [_cfg(64, 32, 3, 4), _cfg(128, 32, 3, 4), _cfg(128, 64, 3, 8), _cfg(64, 64, 3, 4)],
+    128: [_cfg(64, 32, 3, 4), _cfg(128, 32, 3, 8), _cfg(128, 64, 2, 8), _cfg(64, 64, 2, 4)],
+    256: [_cfg(64, 32, 2, 4), _cfg(64, 64, 2, 8), _cfg(128, 32, 2, 8), _cfg(64, 16, 2, 4)],
+}
+
+
+def _bucket(head_dim: int) -> int:
+    return 64 if head_dim <= 64 else head_dim
+
+
+def _smem_fwd(c: triton.Config, hd: int, hdv: int, size: int) -> int:
+    # q stays resident; each pipeline stage holds one k and one v tile.
+    return (c.kwargs["BLOCK_M"] * hd + c.num_stages * c.kwargs["BLOCK_N"] * (hd + hdv)) * size
+
+
+def _smem_dkdv(c: triton.Config, hd: int, hdv: int, size: int) -> int:
+    # k, v resident; each stage holds a q and a dO tile.
+    return (c.kwargs["BLOCK_N"] * (hd + hdv) + c.num_stages * c.kwargs["BLOCK_M"] * (hd + hdv)) * size
+
+
+def _smem_dq(c: triton.Config, hd: int, hdv: int, size: int) -> int:
+    return (c.kwargs["BLOCK_M"] * (hd + hdv) + c.num_stages * c.kwargs["BLOCK_N"] * (hd + hdv)) * size
+
+
+def _pruner(spaces: dict, smem):
+    """An early_config_prune: the configs of the head-dim bucket whose shared memory fits."""
+
+    def prune(configs, named_args, **kwargs):
+        a = {**named_args, **kwargs}
+        hd, hdv = a["HEAD_DIM"], a["HEAD_DIM_V"]
+        space = spaces[_bucket(max(hd, hdv))]
+        size = a["q_ptr"].element_size()
+        fits = [c for c in configs if c in space and smem(c, hd, hdv, size) <= SMEM_BUDGET]
+        fits = fits or [min(space, key=lambda c: smem(c, hd, hdv, size))]
+        if a["B"] * a["Hq"] * a["L"] * a["S"] < SMALL_WORK:
+            return fits[:1]
+        return fits
+
+    return prune
+
+
+def _all(spaces: dict) -> list[triton.Config]:
+    return [c for space in spaces.values() for c in space]
+
+
+_KEY = ["B", "Hq", "L", "S", "HEAD_DIM", "HEAD_DIM_V", "CAUSAL", "MASK_KIND", "DROPOUT", "PRECISION"]
+
+
+# ---------------------------------------------------------------------------------------------
+# forward
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _fwd_sweep(acc, l_i, m_i, q, k_base, v_base, mask_base, lo, hi, rows, L, S, E, EV,
+               sk_s, sk_e, sv_s, sv_e, sm_s, qk_scale, seed, drop_base, dropout_p,
+               MASKED: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr,
+               UPCAST: tl.constexpr, PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr,
+               HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Online softmax over the key blocks [lo, hi); MASKED blocks check the sequence end and the diagonal."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_e = tl.arange(0, HEAD_DIM)
+    offs_ev = tl.arange(0, HEAD_DIM_V)
+    cols = lo + offs_n
+    k_ptrs = k_base + cols.to(tl.int64)[:, None] * sk_s + offs_e[None, :] * sk_e
+    v_ptrs = v_base + cols.to(tl.int64)[:, None] * sv_s + offs_ev[None, :] * sv_e
+    if MASK_KIND != 0:
+        m_ptrs = mask_base + cols.to(tl.int64)[None, :] * sm_s
+        row_ok = (rows < L)[:, None]
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        if MASKED:
+            k = tl.load(k_ptrs, mask=(cols < S)[:, None] & (offs_e < E)[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptrs, mask=(offs_e < E)[None, :], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        if MASK_KIND == 1:
+            s = tl.where(tl.load(m_ptrs, mask=row_ok & (cols < S)[None, :], other=0) != 0, s, float("-inf"))
+        elif MASK_KIND == 2:
+            s += tl.load(m_ptrs, mask=row_ok & (cols < S)[None, :], other=0.0).to(tl.float32) * 1.4426950408889634
+        if MASKED:
+            ok = (cols < S)[None, :]
+            if CAUSAL:
+                ok = ok & (cols[None, :] <= rows[:, None])
+            s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if MASK_KIND != 0:
+            # A row whose scores so far are all -inf: shift by 0 so exp2 gives 0, not NaN.
+            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if DROPOUT:
+            keep = tl.rand(seed, drop_base + rows.to(tl.int64)[:, None] * S + cols[None, :]) >= dropout_p
+            p = tl.where(keep, p, 0.0)
+        if MASKED:
+            v = tl.load(v_ptrs, mask=(cols < S)[:, None] & (offs_ev < EV)[None, :], other=0.0)
+        else:
+            v = tl.load(v_ptrs, mask=(offs_ev < EV)[None, :], other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+        # P rounded to v's dtype for the tensor cores (as flash attention does); fp32 stays fp32.
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+        m_i = m_new
+        k_ptrs += BLOCK_N * sk_s
+        v_ptrs += BLOCK_N * sv_s
+        if MASK_KIND != 0:
+            m_ptrs += BLOCK_N * sm_s
+    return acc, l_i, m_i
+
+
+@runtime.autotune(_all(FWD_SPACES), key=_KEY, default=INTERPRETER_CONFIG,
+                  prune_configs_by={"early_config_prune": _pruner(FWD_SPACES, _smem_fwd)},
+                  do_bench=runtime.tuning_bench)
+@triton.jit
+def attention_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, lse_ptr, rng_ptr,
+    B, Hq, L, S, E, EV, GROUP,
+    sq_b, sq_h, sq_l, sq_e, sk_b, sk_h, sk_s, sk_e, sv_b, sv_h, sv_s, sv_e,
+    sm_b, sm_h, sm_l, sm_s, so_b, so_h, so_l, so_e,
+    qk_scale, dropout_p, keep_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
+    DROPOUT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """o and lse of BLOCK_M query rows of head (program_id 1) of batch (program_id 2)."""
+    pid_m = tl.program_id(0)
+    if CAUSAL:  # the longest rows first: the last wave of programs is the short one
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    hk = (h // GROUP).to(tl.int64)
+    m0 = pid_m * BLOCK_M
+    rows = m0 + tl.arange(0, BLOCK_M)
+    offs_e = tl.arange(0, HEAD_DIM)
+    offs_ev = tl.arange(0, HEAD_DIM_V)
+
+    q_ptrs = q_ptr + b * sq_b + h.to(tl.int64) * sq_h + rows.to(tl.int64)[:, None] * sq_l + offs_e[None, :] * sq_e
+    q = tl.load(q_ptrs, mask=(rows < L)[:, None] & (offs_e < E)[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    k_base = k_ptr + b * sk_b + hk * sk_h
+    v_base = v_ptr + b * sv_b + hk * sv_h
+    mask_base = mask_ptr + b * sm_b + h.to(tl.int64) * sm_h + rows.to(tl.int64)[:, None] * sm_l
+    seed = 0
+    drop_base = 0
+    if DROPOUT:
+        seed = tl.load(rng_ptr)
+        drop_base = tl.load(rng_ptr + 1) + (b * Hq + h) * L * S
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_V], tl.float32)
+    # Full key blocks need no element masks: those before the diagonal (causal) and the sequence end.
+    n_full = (S // BLOCK_N) * BLOCK_N
+    hi = S
+    if CAUSAL:
+        n_full = tl.minimum(n_full, ((m0 + 1) // BLOCK_N) * BLOCK_N)
+        hi = tl.minimum(S, m0 + BLOCK_M)
+    acc, l_i, m_i = _fwd_sweep(acc, l_i, m_i, q, k_base, v_base, mask_base, 0, n_full, rows, L, S, E, EV,
+                               sk_s, sk_e, sv_s, sv_e, sm_s, qk_scale, seed, drop_base, dropout_p,
+                               False, CAUSAL, MASK_KIND, DROPOUT, UPCAST, PRECISION, HEAD_DIM, HEAD_DIM_V, BLOCK_N)
+    acc, l_i, m_i = _fwd_sweep(acc, l_i, m_i, q, k_base, v_base, mask_base, n_full, hi, rows, L, S, E, EV,
+                               sk_s, sk_e, sv_s, sv_e, sm_s, qk_scale, seed, drop_base, dropout_p,
+                               True, CAUSAL, MASK_KIND, DROPOUT, UPCAST, PRECISION, HEAD_DIM, HEAD_DIM_V, BLOCK_N)
+
+    dead = l_i == 0.0  # nothing to attend to: o = 0, lse = -inf
+    inv = tl.where(dead, 0.0, keep_scale / tl.where(dead, 1.0, l_i))
+    o = acc * inv[:, None]
+    lse = tl.where(dead, float("-inf"), (m_i + tl.math.log2(tl.where(dead, 1.0, l_i))) * 0.6931471805599453)
+    o_ptrs = o_ptr + b * so_b + h.to(tl.int64) * so_h + rows.to(tl.int64)[:, None] * so_l + offs_ev[None, :] * so_e
+    tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=(rows < L)[:, None] & (offs_ev < EV)[None, :])
+    tl.store(lse_ptr + (b * Hq + h) * L + rows, lse, mask=rows < L)
+
+
+# ---------------------------------------------------------------------------------------------
+# backward
+# ---------------------------------------------------------------------------------------------
+def _prune_preprocess(configs, named_args, **kwargs):
+    a = {**named_args, **kwargs}
+    return configs if a["B"] * a["Hq"] * a["L"] * a["HEAD_DIM_V"] >= SMALL_WORK else configs[-1:]
+
+
+@runtime.autotune([triton.Config({"BLOCK_M": bm}, num_warps=w) for bm, w in ((64, 4), (128, 8), (32, 4))],
+                  key=["B", "Hq", "L", "HEAD_DIM_V"], default=2, do_bench=runtime.tuning_bench,
+                  prune_configs_by={"early_config_prune": _prune_preprocess})
+@triton.jit
+def attention_bwd_preprocess_kernel(
+    o_ptr, do_ptr, delta_ptr, B, Hq, L, EV,
+    so_b, so_h, so_l, so_e, sd_b, sd_h, sd_l, sd_e,
+    HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """delta [B, Hq, L] fp32 = rowsum(dO * O)."""
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, HEAD_DIM_V)
+    ok = (rows < L)[:, None] & (cols < EV)[None, :]
+    r64 = rows.to(tl.int64)[:, None]
+    o = tl.load(o_ptr + b * so_b + h * so_h + r64 * so_l + cols[None, :] * so_e, mask=ok, other=0.0)
+    do = tl.load(do_ptr + b * sd_b + h * sd_h + r64 * sd_l + cols[None, :] * sd_e, mask=ok, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(delta_ptr + (b * Hq + h) * L + rows, delta, mask=rows < L)
+
+
+@triton.jit
+def _dkdv_sweep(dk, dv, k, v, q_base, do_base, lse_base, delta_base, mask_base, lo, hi, cols, L, S, E, EV,
+                sq_l, sq_e, sd_l, sd_e, sm_l, qk_scale, seed, drop_base, dropout_p, keep_scale,
+                MASKED: tl.constexpr, MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr,
+                UPCAST: tl.constexpr, PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr,
+                HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr):
+    """dk, dv [BLOCK_N, *] += the query blocks [lo, hi) of one head (P^T computed key-major)."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_e = tl.arange(0, HEAD_DIM)
+    offs_ev = tl.arange(0, HEAD_DIM_V)
+    rows = lo + offs_m
+    q_ptrs = q_base + rows.to(tl.int64)[:, None] * sq_l + offs_e[None, :] * sq_e
+    do_ptrs = do_base + rows.to(tl.int64)[:, None] * sd_l + offs_ev[None, :] * sd_e
+    if MASK_KIND != 0:
+        m_ptrs = mask_base + rows.to(tl.int64)[None, :] * sm_l
+        col_ok = (cols < S)[:, None]
+    for start_m in range(lo, hi, BLOCK_M):
+        rows = start_m + offs_m
+        row_ok = rows < L
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_e < E)[None, :], other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+        # Rows past L and empty rows read lse = +inf: their P is 0, so they add nothing.
+        lse = tl.load(lse_base + rows, mask=row_ok, other=float("inf"))
+        lse = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
+        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale
+        if MASK_KIND == 1:
+            s_t = tl.where(tl.load(m_ptrs, mask=col_ok & row_ok[None, :], other=0) != 0, s_t, float("-inf"))
+        elif MASK_KIND == 2:
+            s_t += tl.load(m_ptrs, mask=col_ok & row_ok[None, :], other=0.0).to(tl.float32) * 1.4426950408889634
+        if MASKED:
+            s_t = tl.where(rows[None, :] >= cols[:, None], s_t, float("-inf"))
+        p_t = tl.math.exp2(s_t - lse[None, :])
+        do = tl.load(do_ptrs, mask=row_ok[:, None] & (offs_ev < EV)[None, :], other=0.0)
+        if UPCAST:
+            do = do.to(tl.float32)
+        delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        if DROPOUT:
+            keep = tl.rand(seed, drop_base + rows.to(tl.int64)[None, :] * S + cols[:, None]) >= dropout_p
+            pd_t = tl.where(keep, p_t * keep_scale, 0.0)
+            dp_t = tl.where(keep, dp_t * keep_scale, 0.0)
+        else:
+            pd_t = p_t
+        dv = tl.dot(pd_t.to(do.dtype), do, dv, input_precision=PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
+        q_ptrs += BLOCK_M * sq_l
+        do_ptrs += BLOCK_M * sd_l
+        if MASK_KIND != 0:
+            m_ptrs += BLOCK_M * sm_l
+    return dk, dv
+
+
+@runtime.autotune(_all(DKDV_SPACES), key=_KEY, default=INTERPRETER_CONFIG,
+                  prune_configs_by={"early_config_prune": _pruner(DKDV_SPACES, _smem_dkdv)},
+                  do_bench=runtime.tuning_bench)
+@triton.jit
+def attention_bwd_dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, rng_ptr,
+    B, Hq, L, S, E, EV, GROUP,
+    sq_b, sq_h, sq_l, sq_e, sk_b, sk_h, sk_s, sk_e, sv_b, sv_h, sv_s, sv_e,
+    sm_b, sm_h, sm_l, sm_s, sd_b, sd_h, sd_l, sd_e,
+    sdk_b, sdk_h, sdk_s, sdk_e, sdv_b, sdv_h, sdv_s, sdv_e,
+    qk_scale, scale, dropout_p, keep_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
+    DROPOUT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dk, dv of BLOCK_N keys of kv head (program_id 1), summed over the GROUP q heads that read it."""
+    n0 = tl.program_id(0) * BLOCK_N
+    hk = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    cols = n0 + tl.arange(0, BLOCK_N)
+    offs_e = tl.arange(0, HEAD_DIM)
+    offs_ev = tl.arange(0, HEAD_DIM_V)
+    c64 = cols.to(tl.int64)[:, None]
+    col_ok = (cols < S)[:, None]
+    k = tl.load(k_ptr + b * sk_b + hk * sk_h + c64 * sk_s + offs_e[None, :] * sk_e,
+                mask=col_ok & (offs_e < E)[None, :], other=0.0)
+    v = tl.load(v_ptr + b * sv_b + hk * sv_h + c64 * sv_s + offs_ev[None, :] * sv_e,
+                mask=col_ok & (offs_ev < EV)[None, :], other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM_V], tl.float32)
+    # Causal: query blocks before the one holding row n0 see none of these keys; those up to
+    # m_full straddle the diagonal, the rest see all of them.
+    m_start = 0
+    m_full = 0
+    if CAUSAL:
+        m_start = (n0 // BLOCK_M) * BLOCK_M
+        m_full = tl.minimum(m_start + tl.cdiv(n0 + BLOCK_N - 1 - m_start, BLOCK_M) * BLOCK_M, L)
+    seed = 0
+    drop_root = 0
+    if DROPOUT:
+        seed = tl.load(rng_ptr)
+        drop_root = tl.load(rng_ptr + 1)
+    for g in range(GROUP):
+        h = hk * GROUP + g
+        q_base = q_ptr + b * sq_b + h * sq_h
+        do_base = do_ptr + b * sd_b + h * sd_h
+        lse_base = lse_ptr + (b * Hq + h) * L
+        delta_base = delta_ptr + (b * Hq + h) * L
+        mask_base = mask_ptr + b * sm_b + h * sm_h + c64 * sm_s
+        drop_base = drop_root + (b * Hq + h) * L * S
+        if CAUSAL:
+            dk, dv = _dkdv_sweep(dk, dv, k, v, q_base, do_base, lse_base, delta_base, mask_base, m_start, m_full,
+                                 cols, L, S, E, EV, sq_l, sq_e, sd_l, sd_e, sm_l, qk_scale, seed, drop_base,
+                                 dropout_p, keep_scale, True, MASK_KIND, DROPOUT, UPCAST, PRECISION,
+                                 HEAD_DIM, HEAD_DIM_V, BLOCK_M)
+        dk, dv = _dkdv_sweep(dk, dv, k, v, q_base, do_base, lse_base, delta_base, mask_base, m_full, L,
+                             cols, L, S, E, EV, sq_l, sq_e, sd_l, sd_e, sm_l, qk_scale, seed, drop_base,
+                             dropout_p, keep_scale, False, MASK_KIND, DROPOUT, UPCAST, PRECISION,
+                             HEAD_DIM, HEAD_DIM_V, BLOCK_M)
+    tl.store(dk_ptr + b * sdk_b + hk * sdk_h + c64 * sdk_s + offs_e[None, :] * sdk_e,
+             (dk * scale).to(dk_ptr.dtype.element_ty), mask=col_ok & (offs_e < E)[None, :])
+    tl.store(dv_ptr + b * sdv_b + hk * sdv_h + c64 * sdv_s + offs_ev[None, :] * sdv_e,
+             dv.to(dv_ptr.dtype.element_ty), mask=col_ok & (offs_ev < EV)[None, :])
+
+
+@triton.jit
+def _dq_sweep(dq, q, do, lse, delta, k_base, v_base, mask_base, lo, hi, rows, L, S, E, EV,
+              sk_s, sk_e, sv_s, sv_e, sm_s, qk_scale, seed, drop_base, dropout_p, keep_scale,
+              MASKED: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr,
+              UPCAST: tl.constexpr, PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr,
+              HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dq [BLOCK_M, HEAD_DIM] += the key blocks [lo, hi)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_e = tl.arange(0, HEAD_DIM)
+    offs_ev = tl.arange(0, HEAD_DIM_V)
+    cols = lo + offs_n
+    k_ptrs = k_base + cols.to(tl.int64)[:, None] * sk_s + offs_e[None, :] * sk_e
+    v_ptrs = v_base + cols.to(tl.int64)[:, None] * sv_s + offs_ev[None, :] * sv_e
+    if MASK_KIND != 0:
+        m_ptrs = mask_base + cols.to(tl.int64)[None, :] * sm_s
+        row_ok = (rows < L)[:, None]
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        if MASKED:
+            k = tl.load(k_ptrs, mask=(cols < S)[:, None] & (offs_e < E)[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=(cols < S)[:, None] & (offs_ev < EV)[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptrs, mask=(offs_e < E)[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=(offs_ev < EV)[None, :], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        if MASK_KIND == 1:
+            s = tl.where(tl.load(m_ptrs, mask=row_ok & (cols < S)[None, :], other=0) != 0, s, float("-inf"))
+        elif MASK_KIND == 2:
+            s += tl.load(m_ptrs, mask=row_ok & (cols < S)[None, :], other=0.0).to(tl.float32) * 1.4426950408889634
+        if MASKED:
+            # Past S too: a zero key row still gives exp2(0 - lse), which may overflow.
+            ok = (cols < S)[None, :]
+            if CAUSAL:
+                ok = ok & (cols[None, :] <= rows[:, None])
+            s = tl.where(ok, s, float("-inf"))
+        p = tl.math.exp2(s - lse[:, None])
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        if DROPOUT:
+            keep = tl.rand(seed, drop_base + rows.to(tl.int64)[:, None] * S + cols[None, :]) >= dropout_p
+            dp = tl.where(keep, dp * keep_scale, 0.0)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
+        k_ptrs += BLOCK_N * sk_s
+        v_ptrs += BLOCK_N * sv_s
+        if MASK_KIND != 0:
+            m_ptrs += BLOCK_N * sm_s
+    return dq
+
+
+@runtime.autotune(_all(DQ_SPACES), key=_KEY, default=INTERPRETER_CONFIG,
+                  prune_configs_by={"early_config_prune": _pruner(DQ_SPACES, _smem_dq)},
+                  do_bench=runtime.tuning_bench)
+@triton.jit
+def attention_bwd_dq_kernel(
+    q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, rng_ptr,
+    B, Hq, L, S, E, EV, GROUP,
+    sq_b, sq_h, sq_l, sq_e, sk_b, sk_h, sk_s, sk_e, sv_b, sv_h, sv_s, sv_e,
+    sm_b, sm_h, sm_l, sm_s, sd_b, sd_h, sd_l, sd_e, sdq_b, sdq_h, sdq_l, sdq_e,
+    qk_scale, scale, dropout_p, keep_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
+    DROPOUT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dq of BLOCK_M query rows of head (program_id 1) of batch (program_id 2)."""
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    hk = (h // GROUP).to(tl.int64)
+    h64 = h.to(tl.int64)
+    m0 = pid_m * BLOCK_M
+    rows = m0 + tl.arange(0, BLOCK_M)
+    row_ok = rows < L
+    r64 = rows.to(tl.int64)[:, None]
+    offs_e = tl.arange(0, HEAD_DIM)
+    offs_ev = tl.arange(0, HEAD_DIM_V)
+    q = tl.load(q_ptr + b * sq_b + h64 * sq_h + r64 * sq_l + offs_e[None, :] * sq_e,
+                mask=row_ok[:, None] & (offs_e < E)[None, :], other=0.0)
+    do = tl.load(do_ptr + b * sd_b + h64 * sd_h + r64 * sd_l + offs_ev[None, :] * sd_e,
+                 mask=row_ok[:, None] & (offs_ev < EV)[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    lse = tl.load(lse_ptr + (b * Hq + h) * L + rows, mask=row_ok, other=float("inf"))
+    lse = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
+    delta = tl.load(delta_ptr + (b * Hq + h) * L + rows, mask=row_ok, other=0.0)
+    k_base = k_ptr + b * sk_b + hk * sk_h
+    v_base = v_ptr + b * sv_b + hk * sv_h
+    mask_base = mask_ptr + b * sm_b + h64 * sm_h + r64 * sm_l
+    seed = 0
+    drop_base = 0
+    if DROPOUT:
+        seed = tl.load(rng_ptr)
+        drop_base = tl.load(rng_ptr + 1) + (b * Hq + h) * L * S
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    n_full = (S // BLOCK_N) * BLOCK_N
+    hi = S
+    if CAUSAL:
+        n_full = tl.minimum(n_full, ((m0 + 1) // BLOCK_N) * BLOCK_N)
+        hi = tl.minimum(S, m0 + BLOCK_M)
+    dq = _dq_sweep(dq, q, do, lse, delta, k_base, v_base, mask_base, 0, n_full, rows, L, S, E, EV,
+                   sk_s, sk_e, sv_s, sv_e, sm_s, qk_scale, seed, drop_base, dropout_p, keep_scale,
+                   False, CAUSAL, MASK_KIND, DROPOUT, UPCAST, PRECISION, HEAD_DIM, HEAD_DIM_V, BLOCK_N)
+    dq = _dq_sweep(dq, q, do, lse, delta, k_base, v_base, mask_base, n_full, hi, rows, L, S, E, EV,
+                   sk_s, sk_e, sv_s, sv_e, sm_s, qk_scale, seed, drop_base, dropout_p, keep_scale,
+                   True, CAUSAL, MASK_KIND, DROPOUT, UPCAST, PRECISION, HEAD_DIM, HEAD_DIM_V, BLOCK_N)
+    tl.store(dq_ptr + b * sdq_b + h64 * sdq_h + r64 * sdq_l + offs_e[None, :] * sdq_e,
+             (dq * scale).to(dq_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_e < E)[None, :])
+
+
+# ---------------------------------------------------------------------------------------------
+# launchers
+# ---------------------------------------------------------------------------------------------
+def _head_dim(e: int) -> int:
+    return max(16, triton.next_power_of_2(e))
+
+
+def _common(q, k, v, mask, dropout_p, rng_state, precision):
+    """Kernel arguments shared by the forward and backward launches."""
+    B, Hq, L, E = q.shape
+    Hkv, S, Ev = k.shape[1], k.shape[2], v.shape[3]
+    if mask is None:
+        mask_kind, mask, sm = MASK_NONE, q, (0, 0, 0, 0)
+    else:
+        mask_kind, sm = (MASK_BOOL if mask.dtype == torch.bool else MASK_FLOAT), mask.stride()
+        if mask.dtype == torch.bool:  # read as bytes (the same strides)
+            mask = mask.view(torch.uint8)
+    dropout = dropout_p > 0.0
+    consts = dict(HEAD_DIM=_head_dim(E), HEAD_DIM_V=_head_dim(Ev), MASK_KIND=mask_kind, DROPOUT=dropout,
+                  UPCAST=runtime.is_interpreter() and q.element_size() == 2,
+                  PRECISION=precision if q.dtype == torch.float32 else "ieee")
+    rng = rng_state if dropout else q
+    keep_scale = 1.0 / (1.0 - dropout_p) if dropout else 1.0
+    return (B, Hq, L, S, E, Ev, Hq // Hkv), mask, sm, rng, keep_scale, consts
+
+
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *,
+                      scale: float, is_causal: bool, dropout_p: float, rng_state: torch.Tensor | None,
+                      precision: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """o [B, Hq, L, Ev] in q's dtype, lse [B, Hq, L] fp32 (natural log of sum exp(scores); -inf for empty rows).
+
+    q [B, Hq, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev], mask None or [B, Hq, L, S] (bool or float,
+    stride-0 dims allowed); o's memory is [B, L, Hq, Ev], so o.transpose(1, 2) merges heads for free.
+    """
+    sizes, mask, sm, rng, keep_scale, consts = _common(q, k, v, mask, dropout_p, rng_state, precision)
+    B, Hq, L, S, E, Ev, group = sizes
+    o = torch.empty(B, L, Hq, Ev, dtype=q.dtype, device=q.device).transpose(1, 2)
+    lse = torch.empty(B, Hq, L, dtype=torch.float32, device=q.device)
+    if o.numel() == 0:
+        return o, lse.fill_(float("-inf"))
+    grid = lambda meta: (cdiv(L, meta["BLOCK_M"]), Hq, B)  # noqa: E731
+    attention_fwd_kernel[grid](
+        q, k, v, mask, o, lse, rng, B, Hq, L, S, E, Ev, group,
+        *q.stride(), *k.stride(), *v.stride(), *sm, *o.stride(),
+        float(scale) * LOG2E, float(dropout_p), keep_scale, CAUSAL=bool(is_causal), **consts)
+    return o, lse
+
+
+def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                       lse: torch.Tensor, mask: torch.Tensor | None, *, scale: float, is_causal: bool,
+                       dropout_p: float, rng_state: torch.Tensor | None,
+                       precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq [B, Hq, L, E], dk [B, Hkv, S, E], dv [B, Hkv, S, Ev] in q's dtype, from do [B, Hq, L, Ev] (any strides).
+
+    Deterministic: each dk/dv program sums the Hq // Hkv query heads of its kv head in a fixed order.
+    """
+    sizes, mask, sm, rng, keep_scale, consts = _common(q, k, v, mask, dropout_p, rng_state, precision)
+    B, Hq, L, S, E, Ev, group = sizes
+    Hkv = k.shape[1]
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=q.dtype, device=q.device)
+    dv = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    if B * Hq * L == 0:
+        return dq, dk.zero_(), dv.zero_()
+    delta = torch.empty(B, Hq, L, dtype=torch.float32, device=q.device)
+    attention_bwd_preprocess_kernel[lambda meta: (cdiv(L, meta["BLOCK_M"]), Hq, B)](
+        o, do, delta, B, Hq, L, Ev, *o.stride(), *do.stride(), HEAD_DIM_V=consts["HEAD_DIM_V"])
+    scalars = (float(scale) * LOG2E, float(scale), float(dropout_p), keep_scale)
+    attention_bwd_dkdv_kernel[lambda meta: (cdiv(S, meta["BLOCK_N"]), Hkv, B)](
+        q, k, v, mask, do, lse, delta, dk, dv, rng, B, Hq, L, S, E, Ev, group,
+        *q.stride(), *k.stride(), *v.stride(), *sm, *do.stride(), *dk.stride(), *dv.stride(),
+        *scalars, CAUSAL=bool(is_causal), **consts)
+    attention_bwd_dq_kernel[lambda meta: (cdiv(L, meta["BLOCK_M"]), Hq, B)](
+        q, k, v, mask, do, lse, delta, dq, rng, B, Hq, L, S, E, Ev, group,
+        *q.stride(), *k.stride(), *v.stride(), *sm, *do.stride(), *dq.stride(),
+        *scalars, CAUSAL=bool(is_causal), **consts)
+    return dq, dk, dv
