@@ -7,6 +7,8 @@ the kernels live in ``ge2.kernels.conv`` / ``ge2.kernels.pool``. Inputs may be N
 from __future__ import annotations
 
 from ge2 import backend
+from ge2.amp.autocast_mode import state as _amp_state
+from ge2.amp import autocast_mode as _amp
 from ge2.autograd.function import Function
 from ge2.autograd.tensor import Tensor
 from ge2.backend.schema import shape_str
@@ -56,6 +58,8 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padd
     "gelu", "gelu_tanh", "sigmoid", "tanh" or "silu".
     """
     _check_tensors("conv2d", x=x, weight=weight, bias=bias)
+    if _amp_state.on:
+        x, weight, bias = _amp.cast_low(x, weight, bias)
     if weight.ndim != 4:
         raise ValueError(f"conv2d: weight must be 4-D [K, C/groups, R, S], got shape {shape_str(weight.shape)}")
     if x.ndim == 3:  # an unbatched [C, H, W] image, as torch allows

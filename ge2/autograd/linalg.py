@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 
 from ge2 import backend
+from ge2.amp.autocast_mode import state as _amp_state
+from ge2.amp import autocast_mode as _amp
 from ge2.autograd.function import Function
 from ge2.autograd.math import sum_to_shape
 from ge2.autograd.tensor import Tensor
@@ -65,6 +67,8 @@ class MatMul(Function):
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """Matrix product with torch.matmul's rules: 1-D vectors, [..., M, K] @ [..., K, N], batch broadcast."""
+    if _amp_state.on:
+        a, b = _amp.cast_low(a, b)
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, Tensor):
             raise TypeError(f"matmul: {name} must be a Tensor, got {type(t).__name__}")

@@ -6,6 +6,8 @@ copied. x may have any leading dims ([..., in]); they are folded into the GEMM's
 from __future__ import annotations
 
 from ge2 import backend
+from ge2.amp.autocast_mode import state as _amp_state
+from ge2.amp import autocast_mode as _amp
 from ge2.autograd.function import Function
 from ge2.autograd.tensor import Tensor
 from ge2.backend.schema import dtype_name, shape_str
@@ -52,6 +54,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     ``activation``: None, "relu", "leaky_relu" (``negative_slope``), "gelu", "gelu_tanh", "sigmoid",
     "tanh" or "silu".
     """
+    if _amp_state.on:
+        x, weight, bias = _amp.cast_low(x, weight, bias)
     if not (isinstance(x, Tensor) and isinstance(weight, Tensor) and (bias is None or isinstance(bias, Tensor))
             and _well_formed(x.data, weight.data, None if bias is None else bias.data)):
         _check(x, weight, bias)  # raises the error that says what is wrong

@@ -12,6 +12,8 @@ from typing import Sequence
 import torch
 
 from ge2 import backend
+from ge2.amp.autocast_mode import state as _amp_state
+from ge2.amp import autocast_mode as _amp
 from ge2.autograd import grad_mode
 from ge2.autograd.function import Context, Function
 from ge2.autograd.tensor import Tensor, _check_inplace, parse_to_args
@@ -127,6 +129,8 @@ def div(a, b) -> Tensor:
 
 def pow(a, b) -> Tensor:  # noqa: A001 (torch's name)
     """a ** b with broadcasting."""
+    if _amp_state.on:
+        a, b = _amp.cast_fp32(a, b)
     return Pow.apply(a if type(a) is Tensor else _operand(a, "pow"),
                      b if type(b) is Tensor else _operand(b, "pow"))
 
@@ -205,10 +209,14 @@ def neg(x: Tensor) -> Tensor:
 
 
 def exp(x: Tensor) -> Tensor:
+    if _amp_state.on:
+        (x,) = _amp.cast_fp32(x)
     return Exp.apply(x)
 
 
 def log(x: Tensor) -> Tensor:
+    if _amp_state.on:
+        (x,) = _amp.cast_fp32(x)
     return Log.apply(x)
 
 
@@ -319,6 +327,8 @@ class MaxDim(Function):
 
 def sum(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001
     """Sum over ``dim`` (int, tuple or None = all)."""
+    if _amp_state.on:
+        (x,) = _amp.cast_fp32(x)
     return Sum.apply(x, dim, keepdim)
 
 
@@ -617,6 +627,8 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     tensors = list(tensors)
     if not tensors:
         raise ValueError("cat: expected a non-empty list of tensors")
+    if _amp_state.on:
+        tensors = list(_amp.cast_widest(*tensors))
     for i, t in enumerate(tensors):
         if not isinstance(t, Tensor):
             raise TypeError(f"cat: tensors[{i}] is a {type(t).__name__}, expected a Tensor")

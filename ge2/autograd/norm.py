@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from ge2 import backend
+from ge2.amp.autocast_mode import state as _amp_state
+from ge2.amp import autocast_mode as _amp
 from ge2.autograd.function import Function
 from ge2.autograd.tensor import Tensor
 
@@ -66,12 +68,17 @@ def _shape(normalized_shape) -> tuple[int, ...]:
 def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:
     """Normalise the last dims (``normalized_shape``) of x [..., *normalized_shape] to mean 0, variance 1."""
+    if _amp_state.on:
+        x, weight, bias = _amp.cast_fp32(x, weight, bias)
     return LayerNorm.apply(x, weight, bias, _shape(normalized_shape), eps)
 
 
 def rms_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, eps: float | None = None) -> Tensor:
     """x / sqrt(mean(x^2) + eps) * weight over the last dims; eps=None means the dtype's machine epsilon."""
     import torch
+
+    if _amp_state.on:  # on torch's fp32 list since torch 2.12
+        x, weight = _amp.cast_fp32(x, weight)
 
     if eps is None:
         eps = torch.finfo(x.dtype).eps

@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 
 from ge2 import backend
+from ge2.amp.autocast_mode import state as _amp_state
+from ge2.amp import autocast_mode as _amp
 from ge2.autograd.function import Function
 from ge2.autograd.math import sum_to_shape
 from ge2.autograd.tensor import Tensor
@@ -54,11 +56,15 @@ class Softmax(Function):
 
 def softmax(x: Tensor, dim: int = -1, *, scale: float = 1.0, mask: Tensor | None = None) -> Tensor:
     """softmax(scale * x + mask) along ``dim``; mask additive, broadcastable to x. All -inf rows give 0."""
+    if _amp_state.on:
+        x, mask = _amp.cast_fp32(x, mask)
     return Softmax.apply(x, mask, dim, scale, False)
 
 
 def log_softmax(x: Tensor, dim: int = -1, *, scale: float = 1.0, mask: Tensor | None = None) -> Tensor:
     """log_softmax(scale * x + mask) along ``dim``. All -inf rows give -inf."""
+    if _amp_state.on:
+        x, mask = _amp.cast_fp32(x, mask)
     return Softmax.apply(x, mask, dim, scale, True)
 
 
@@ -117,6 +123,8 @@ def cross_entropy(logits: Tensor, target: Tensor, weight: Tensor | None = None, 
     sync, by this or a later class-target call once a pinned copy of the count lands (on the CPU at
     once); True: at this call (a 4-byte host read); False: never (bad rows give NaN).
     """
+    if _amp_state.on:
+        logits, weight = _amp.cast_fp32(logits, weight)
     if inplace_backward and logits.requires_grad and logits.is_leaf:
         raise ValueError("cross_entropy: inplace_backward=True needs logits produced by an earlier op (a "
                          "non-leaf); these logits are a leaf tensor, whose buffer belongs to the caller")
@@ -149,6 +157,8 @@ class NllLoss(Function):
 def nll_loss(logp: Tensor, target: Tensor, weight: Tensor | None = None, *, ignore_index: int = -100,
              reduction: str = "mean", check_targets: bool | None = None) -> Tensor:
     """Negative log-likelihood of log-probabilities [N, C, d...] (or [C]) at class targets [N, d...]."""
+    if _amp_state.on:
+        logp, weight = _amp.cast_fp32(logp, weight)
     return NllLoss.apply(logp, target, weight, ignore_index, reduction, check_targets)
 
 
@@ -172,6 +182,8 @@ class MseLoss(Function):
 
 def mse_loss(x: Tensor, target: Tensor, *, reduction: str = "mean") -> Tensor:
     """(x - target)^2, reduced; x and target of one shape."""
+    if _amp_state.on:
+        x, target = _amp.cast_fp32(x, target)
     return MseLoss.apply(x, target, reduction)
 
 
@@ -193,6 +205,8 @@ class BinaryCrossEntropyWithLogits(Function):
 def binary_cross_entropy_with_logits(x: Tensor, target: Tensor, weight: Tensor | None = None, *,
                                      pos_weight: Tensor | None = None, reduction: str = "mean") -> Tensor:
     """-w [pos_weight * t * log sigmoid(x) + (1 - t) log(1 - sigmoid(x))], reduced; weight/pos_weight broadcast."""
+    if _amp_state.on:
+        x, target, weight, pos_weight = _amp.cast_fp32(x, target, weight, pos_weight)
     for name, t in (("weight", weight), ("pos_weight", pos_weight)):
         if t is not None and t.requires_grad:
             raise ValueError(f"binary_cross_entropy_with_logits: no gradient for {name}; pass it detached")
@@ -232,5 +246,7 @@ def linear_cross_entropy(x: Tensor, weight: Tensor, bias: Tensor | None, target:
                          check_targets: bool | None = None) -> Tensor:
     """cross_entropy(x [N, H] @ W^T + b, target [N]) with W [V, H] ([H, V] if transposed_weight), never
     materialising the N x V logits. reduction 'mean' or 'sum'."""
+    if _amp_state.on:  # a matmul inside: its operands take the low dtype, as linear's do
+        x, weight, bias = _amp.cast_low(x, weight, bias)
     return LinearCrossEntropy.apply(x, weight, bias, target, ignore_index, reduction, label_smoothing,
                                     transposed_weight, chunk_rows, check_targets)

@@ -9,6 +9,13 @@
 ``rmsprop_step(hyper, *, params, grads, square_avgs, momentum_buffers, group_ids, has_momentum)``
 ``adagrad_step(hyper, *, params, grads, state_sums, group_ids)``
 ``lion_step(hyper, *, params, grads, exp_avgs, group_ids)``
+    Every step op also takes ``scale=None, found_inf=None`` (fp32 [1] each, from ``ge2.amp.GradScaler``):
+    grads divided by ``scale`` as they are read; the whole step (the step count too) skipped on the
+    device when ``found_inf`` is nonzero.
+``amp_unscale_(scale, *, grads, found_inf, found_total, write)``
+    found_inf and found_total (fp32 [1]) set to 1 if any grad holds inf/NaN; ``write``: grads /= scale.
+``amp_update_scale_(scale, *, growth_tracker, found_total, growth_factor, backoff_factor, growth_interval)``
+    torch's dynamic loss scale (scale fp32 [1], growth_tracker int32 [1]) updated in place; found_total cleared.
 ``clip_grad_norm_(norm_out, *, grads, max_norm, norm_type=2.0) -> norm_out``
     norm_out: fp32 [1], receives the total norm of all grads; grads scaled in place by
     min(max_norm / (norm + 1e-6), 1). norm_type 2 or inf.
@@ -57,54 +64,104 @@ def _check_lists(op: str, hyper, params, grads, states: dict, group_ids) -> None
             raise ValueError(f"{op}: group_ids[{i}] = {gid} is outside 0..{hyper.shape[0] - 1}")
 
 
-def _check_sgd(op, hyper, *, params, grads, momentum_buffers, group_ids, has_momentum, nesterov) -> None:
+def _check_amp(op: str, device: torch.device, scale, found_inf) -> None:
+    for name, t in (("scale", scale), ("found_inf", found_inf)):
+        if t is not None and (t.numel() != 1 or t.dtype != torch.float32 or t.device != device):
+            raise ValueError(f"{op}: {name} must be one float32 element on {device}, got {shape_str(t.shape)} "
+                             f"{dtype_name(t.dtype)} on {t.device}")
+
+
+def _check_sgd(op, hyper, *, params, grads, momentum_buffers, group_ids, has_momentum, nesterov, scale=None,
+               found_inf=None) -> None:
+    _check_amp(op, hyper.device, scale, found_inf)
     _check_lists(op, hyper, params, grads, {"momentum_buffers": momentum_buffers if has_momentum else None},
                  group_ids)
 
 
 defop("sgd_step", Schema((HYPER,), _check_sgd))
 register("sgd_step", "triton", dtypes=(torch.float64,))(
-    lambda hyper, *, params, grads, momentum_buffers, group_ids, has_momentum, nesterov:
-    K.sgd_step(hyper, params, grads, momentum_buffers, group_ids, has_momentum=has_momentum, nesterov=nesterov))
+    lambda hyper, *, params, grads, momentum_buffers, group_ids, has_momentum, nesterov, scale=None, found_inf=None:
+    K.sgd_step(hyper, params, grads, momentum_buffers, group_ids, has_momentum=has_momentum, nesterov=nesterov,
+               scale=scale, found_inf=found_inf))
 
 
-def _check_adam(op, hyper, *, params, grads, exp_avgs, exp_avg_sqs, group_ids, decoupled) -> None:
+def _check_adam(op, hyper, *, params, grads, exp_avgs, exp_avg_sqs, group_ids, decoupled, scale=None,
+                found_inf=None) -> None:
+    _check_amp(op, hyper.device, scale, found_inf)
     _check_lists(op, hyper, params, grads, {"exp_avgs": exp_avgs, "exp_avg_sqs": exp_avg_sqs}, group_ids)
 
 
 defop("adam_step", Schema((HYPER,), _check_adam))
 register("adam_step", "triton", dtypes=(torch.float64,))(
-    lambda hyper, *, params, grads, exp_avgs, exp_avg_sqs, group_ids, decoupled:
-    K.adam_step(hyper, params, grads, exp_avgs, exp_avg_sqs, group_ids, decoupled=decoupled))
+    lambda hyper, *, params, grads, exp_avgs, exp_avg_sqs, group_ids, decoupled, scale=None, found_inf=None:
+    K.adam_step(hyper, params, grads, exp_avgs, exp_avg_sqs, group_ids, decoupled=decoupled, scale=scale,
+                found_inf=found_inf))
 
 
-def _check_rmsprop(op, hyper, *, params, grads, square_avgs, momentum_buffers, group_ids, has_momentum) -> None:
+def _check_rmsprop(op, hyper, *, params, grads, square_avgs, momentum_buffers, group_ids, has_momentum, scale=None,
+                   found_inf=None) -> None:
+    _check_amp(op, hyper.device, scale, found_inf)
     _check_lists(op, hyper, params, grads, {"square_avgs": square_avgs,
                                             "momentum_buffers": momentum_buffers if has_momentum else None}, group_ids)
 
 
 defop("rmsprop_step", Schema((HYPER,), _check_rmsprop))
 register("rmsprop_step", "triton", dtypes=(torch.float64,))(
-    lambda hyper, *, params, grads, square_avgs, momentum_buffers, group_ids, has_momentum:
-    K.rmsprop_step(hyper, params, grads, square_avgs, momentum_buffers, group_ids, has_momentum=has_momentum))
+    lambda hyper, *, params, grads, square_avgs, momentum_buffers, group_ids, has_momentum, scale=None, found_inf=None:
+    K.rmsprop_step(hyper, params, grads, square_avgs, momentum_buffers, group_ids, has_momentum=has_momentum,
+                   scale=scale, found_inf=found_inf))
 
 
-def _check_adagrad(op, hyper, *, params, grads, state_sums, group_ids) -> None:
+def _check_adagrad(op, hyper, *, params, grads, state_sums, group_ids, scale=None, found_inf=None) -> None:
+    _check_amp(op, hyper.device, scale, found_inf)
     _check_lists(op, hyper, params, grads, {"state_sums": state_sums}, group_ids)
 
 
 defop("adagrad_step", Schema((HYPER,), _check_adagrad))
 register("adagrad_step", "triton", dtypes=(torch.float64,))(
-    lambda hyper, *, params, grads, state_sums, group_ids: K.adagrad_step(hyper, params, grads, state_sums, group_ids))
+    lambda hyper, *, params, grads, state_sums, group_ids, scale=None, found_inf=None:
+    K.adagrad_step(hyper, params, grads, state_sums, group_ids, scale=scale, found_inf=found_inf))
 
 
-def _check_lion(op, hyper, *, params, grads, exp_avgs, group_ids) -> None:
+def _check_lion(op, hyper, *, params, grads, exp_avgs, group_ids, scale=None, found_inf=None) -> None:
+    _check_amp(op, hyper.device, scale, found_inf)
     _check_lists(op, hyper, params, grads, {"exp_avgs": exp_avgs}, group_ids)
 
 
 defop("lion_step", Schema((HYPER,), _check_lion))
 register("lion_step", "triton", dtypes=(torch.float64,))(
-    lambda hyper, *, params, grads, exp_avgs, group_ids: K.lion_step(hyper, params, grads, exp_avgs, group_ids))
+    lambda hyper, *, params, grads, exp_avgs, group_ids, scale=None, found_inf=None:
+    K.lion_step(hyper, params, grads, exp_avgs, group_ids, scale=scale, found_inf=found_inf))
+
+
+def _check_unscale(op, scale, *, grads, found_inf, found_total, write) -> None:
+    _check_amp(op, scale.device, scale, found_inf)
+    _check_amp(op, scale.device, None, found_total)
+    for i, g in enumerate(grads):
+        if not g.is_contiguous() or g.device != scale.device or g.dtype not in K._TL_DTYPES:
+            raise ValueError(f"{op}: grads[{i}] must be a contiguous floating tensor on {scale.device}, got strides "
+                             f"{list(g.stride())} {dtype_name(g.dtype)} on {g.device}")
+
+
+defop("amp_unscale_", Schema((TensorArg("scale", (torch.float32,)),), _check_unscale))
+register("amp_unscale_", "triton", dtypes=(torch.float32,))(
+    lambda scale, *, grads, found_inf, found_total, write:
+    K.amp_unscale_(scale, grads, found_inf, found_total, write=write))
+
+
+def _check_update_scale(op, scale, *, growth_tracker, found_total, growth_factor, backoff_factor,
+                        growth_interval) -> None:
+    _check_amp(op, scale.device, scale, found_total)
+    if growth_tracker.numel() != 1 or growth_tracker.dtype != torch.int32 or growth_tracker.device != scale.device:
+        raise ValueError(f"{op}: growth_tracker must be one int32 element on {scale.device}, got "
+                         f"{shape_str(growth_tracker.shape)} {dtype_name(growth_tracker.dtype)}")
+
+
+defop("amp_update_scale_", Schema((TensorArg("scale", (torch.float32,)),), _check_update_scale))
+register("amp_update_scale_", "triton", dtypes=(torch.float32,))(
+    lambda scale, *, growth_tracker, found_total, growth_factor, backoff_factor, growth_interval:
+    K.amp_update_scale_(scale, growth_tracker, found_total, growth_factor=growth_factor,
+                        backoff_factor=backoff_factor, growth_interval=growth_interval))
 
 
 def _check_clip(op, norm_out, *, grads, max_norm, norm_type=2.0) -> None:

@@ -13,6 +13,11 @@ running powers beta1^t, beta2^t and derives the bias corrections before the upda
 Changing lr is a write into ``hyper``: no recompilation, and a captured CUDA graph that replays
 the step reads the new value. Math is fp32 (the state is fp32 whatever the parameter dtype);
 derived scalars are formed in fp64 as torch.optim does in Python, then rounded once.
+
+Loss scaling (``ge2.amp.GradScaler``) rides on the same launches: ``amp_unscale_kernel`` checks
+the gradients for inf/NaN (and unscales them in place when asked) into a device flag, and every
+update kernel can read the loss scale and that flag, multiply the gradient by 1/scale as it loads
+it and mask its stores when the flag is set, so a skipped step is decided on the device.
 """
 from __future__ import annotations
 
@@ -47,17 +52,37 @@ NUM_WARPS = 4
 # kernels
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def optim_prepare_kernel(hyper_ptr, HYPER_SLOTS: tl.constexpr):
-    """step += 1, beta^t *= beta, step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t): one group."""
+def _live(found_ptr, SKIP: tl.constexpr):
+    """False when the loss scaler found inf/NaN in this step's gradients (then nothing is stored)."""
+    if SKIP:
+        return tl.load(found_ptr) == 0.0
+    return True
+
+
+@triton.jit
+def _unscaled(g, scale_ptr, UNSCALE: tl.constexpr):
+    """g / loss scale, as torch's unscale does it: g * fp32(1 / fp64(scale))."""
+    if UNSCALE:
+        return g * (1.0 / tl.load(scale_ptr).to(tl.float64)).to(tl.float32)
+    return g
+
+
+@triton.jit
+def optim_prepare_kernel(hyper_ptr, found_ptr, HYPER_SLOTS: tl.constexpr, SKIP: tl.constexpr):
+    """step += 1, beta^t *= beta, step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t): one group.
+
+    SKIP: nothing advances when the loss scaler's found-inf flag is set (the step is skipped).
+    """
     h = hyper_ptr + tl.program_id(0) * HYPER_SLOTS
+    live = _live(found_ptr, SKIP)
     step = tl.load(h + 5) + 1.0
     b1_pow = tl.load(h + 6) * tl.load(h + 1)
     b2_pow = tl.load(h + 7) * tl.load(h + 2)
-    tl.store(h + 5, step)
-    tl.store(h + 6, b1_pow)
-    tl.store(h + 7, b2_pow)
-    tl.store(h + 8, tl.load(h + 0) / (1.0 - b1_pow))
-    tl.store(h + 9, tl.sqrt(1.0 - b2_pow))
+    tl.store(h + 5, step, mask=live)
+    tl.store(h + 6, b1_pow, mask=live)
+    tl.store(h + 7, b2_pow, mask=live)
+    tl.store(h + 8, tl.load(h + 0) / (1.0 - b1_pow), mask=live)
+    tl.store(h + 9, tl.sqrt(1.0 - b2_pow), mask=live)
 
 
 @triton.jit
@@ -77,15 +102,18 @@ def _chunk(table_ptr, chunks_ptr, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def sgd_kernel(table_ptr, chunks_ptr, hyper_ptr, HYPER_SLOTS: tl.constexpr, DTYPE: tl.constexpr,
+def sgd_kernel(table_ptr, chunks_ptr, hyper_ptr, scale_ptr, found_ptr, HYPER_SLOTS: tl.constexpr,
+               DTYPE: tl.constexpr, UNSCALE: tl.constexpr, SKIP: tl.constexpr,
                HAS_MOMENTUM: tl.constexpr, NESTEROV: tl.constexpr, BLOCK: tl.constexpr):
     """p -= lr * d, d = g + wd p, or its momentum buffer (torch.optim.SGD's rule)."""
     p_ptr, g_ptr, buf_ptr, _s2, offs, mask, group = _chunk(table_ptr, chunks_ptr, DTYPE, BLOCK)
+    mask = tl.where(_live(found_ptr, SKIP), mask, False)
     h = hyper_ptr + group * HYPER_SLOTS
     lr = tl.load(h + 0).to(tl.float32)
     wd = tl.load(h + 4).to(tl.float32)
     p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     d = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    d = _unscaled(d, scale_ptr, UNSCALE)
     d = d + wd * p
     if HAS_MOMENTUM:
         momentum = tl.load(h + 1).to(tl.float32)
@@ -103,10 +131,12 @@ def sgd_kernel(table_ptr, chunks_ptr, hyper_ptr, HYPER_SLOTS: tl.constexpr, DTYP
 
 
 @triton.jit
-def adam_kernel(table_ptr, chunks_ptr, hyper_ptr, HYPER_SLOTS: tl.constexpr, DTYPE: tl.constexpr,
+def adam_kernel(table_ptr, chunks_ptr, hyper_ptr, scale_ptr, found_ptr, HYPER_SLOTS: tl.constexpr,
+                DTYPE: tl.constexpr, UNSCALE: tl.constexpr, SKIP: tl.constexpr,
                 DECOUPLED: tl.constexpr, BLOCK: tl.constexpr):
     """Adam (L2 weight decay into g) or AdamW (decoupled: p *= 1 - lr wd), torch.optim's order of operations."""
     p_ptr, g_ptr, m_ptr, v_ptr, offs, mask, group = _chunk(table_ptr, chunks_ptr, DTYPE, BLOCK)
+    mask = tl.where(_live(found_ptr, SKIP), mask, False)
     h = hyper_ptr + group * HYPER_SLOTS
     lr = tl.load(h + 0)
     beta1 = tl.load(h + 1)
@@ -117,6 +147,7 @@ def adam_kernel(table_ptr, chunks_ptr, hyper_ptr, HYPER_SLOTS: tl.constexpr, DTY
     bc2_sqrt = tl.load(h + 9).to(tl.float32)
     p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = _unscaled(g, scale_ptr, UNSCALE)
     if DECOUPLED:
         p = p * (1.0 - lr * wd).to(tl.float32)
     else:
@@ -132,16 +163,19 @@ def adam_kernel(table_ptr, chunks_ptr, hyper_ptr, HYPER_SLOTS: tl.constexpr, DTY
 
 
 @triton.jit
-def rmsprop_kernel(table_ptr, chunks_ptr, hyper_ptr, HYPER_SLOTS: tl.constexpr, DTYPE: tl.constexpr,
+def rmsprop_kernel(table_ptr, chunks_ptr, hyper_ptr, scale_ptr, found_ptr, HYPER_SLOTS: tl.constexpr,
+                   DTYPE: tl.constexpr, UNSCALE: tl.constexpr, SKIP: tl.constexpr,
                    HAS_MOMENTUM: tl.constexpr, BLOCK: tl.constexpr):
     """torch.optim.RMSprop (not centered): v = alpha v + (1 - alpha) g^2; p -= lr g / (sqrt(v) + eps), or via momentum."""
     p_ptr, g_ptr, v_ptr, buf_ptr, offs, mask, group = _chunk(table_ptr, chunks_ptr, DTYPE, BLOCK)
+    mask = tl.where(_live(found_ptr, SKIP), mask, False)
     h = hyper_ptr + group * HYPER_SLOTS
     lr = tl.load(h + 0).to(tl.float32)
     alpha = tl.load(h + 2)
     eps = tl.load(h + 3).to(tl.float32)
     p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = _unscaled(g, scale_ptr, UNSCALE)
     g = g + tl.load(h + 4).to(tl.float32) * p
     v = tl.load(v_ptr + offs, mask=mask, other=0.0)
     v = v * alpha.to(tl.float32) + (1.0 - alpha).to(tl.float32) * (g * g)
@@ -157,15 +191,17 @@ def rmsprop_kernel(table_ptr, chunks_ptr, hyper_ptr, HYPER_SLOTS: tl.constexpr, 
 
 
 @triton.jit
-def adagrad_kernel(table_ptr, chunks_ptr, hyper_ptr, HYPER_SLOTS: tl.constexpr, DTYPE: tl.constexpr,
-                   BLOCK: tl.constexpr):
+def adagrad_kernel(table_ptr, chunks_ptr, hyper_ptr, scale_ptr, found_ptr, HYPER_SLOTS: tl.constexpr,
+                   DTYPE: tl.constexpr, UNSCALE: tl.constexpr, SKIP: tl.constexpr, BLOCK: tl.constexpr):
     """torch.optim.Adagrad: s += g^2; p -= lr / (1 + (t - 1) lr_decay) * g / (sqrt(s) + eps)."""
     p_ptr, g_ptr, s_ptr, _s2, offs, mask, group = _chunk(table_ptr, chunks_ptr, DTYPE, BLOCK)
+    mask = tl.where(_live(found_ptr, SKIP), mask, False)
     h = hyper_ptr + group * HYPER_SLOTS
     clr = (tl.load(h + 0) / (1.0 + (tl.load(h + 5) - 1.0) * tl.load(h + 10))).to(tl.float32)
     eps = tl.load(h + 3).to(tl.float32)
     p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = _unscaled(g, scale_ptr, UNSCALE)
     g = g + tl.load(h + 4).to(tl.float32) * p
     acc = tl.load(s_ptr + offs, mask=mask, other=0.0) + g * g
     tl.store(s_ptr + offs, acc, mask=mask)
@@ -173,21 +209,54 @@ def adagrad_kernel(table_ptr, chunks_ptr, hyper_ptr, HYPER_SLOTS: tl.constexpr, 
 
 
 @triton.jit
-def lion_kernel(table_ptr, chunks_ptr, hyper_ptr, HYPER_SLOTS: tl.constexpr, DTYPE: tl.constexpr,
-                BLOCK: tl.constexpr):
+def lion_kernel(table_ptr, chunks_ptr, hyper_ptr, scale_ptr, found_ptr, HYPER_SLOTS: tl.constexpr,
+                DTYPE: tl.constexpr, UNSCALE: tl.constexpr, SKIP: tl.constexpr, BLOCK: tl.constexpr):
     """Lion (Chen et al. 2023): p = p (1 - lr wd) - lr sign(lerp(m, g, 1 - beta1)); m = lerp(m, g, 1 - beta2)."""
     p_ptr, g_ptr, m_ptr, _s2, offs, mask, group = _chunk(table_ptr, chunks_ptr, DTYPE, BLOCK)
+    mask = tl.where(_live(found_ptr, SKIP), mask, False)
     h = hyper_ptr + group * HYPER_SLOTS
     lr = tl.load(h + 0)
     beta1 = tl.load(h + 1)
     beta2 = tl.load(h + 2)
     p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32) * (1.0 - lr * tl.load(h + 4)).to(tl.float32)
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = _unscaled(g, scale_ptr, UNSCALE)
     m = tl.load(m_ptr + offs, mask=mask, other=0.0)
     u = m + (1.0 - beta1).to(tl.float32) * (g - m)
     direction = tl.where(u > 0, 1.0, tl.where(u < 0, -1.0, 0.0))
     tl.store(p_ptr + offs, (p - lr.to(tl.float32) * direction).to(DTYPE), mask=mask)
     tl.store(m_ptr + offs, m + (1.0 - beta2).to(tl.float32) * (g - m), mask=mask)
+
+
+@triton.jit
+def amp_unscale_kernel(table_ptr, chunks_ptr, scale_ptr, found_ptr, total_ptr, DTYPE: tl.constexpr,
+                       WRITE: tl.constexpr, BLOCK: tl.constexpr):
+    """found = total = 1 if this chunk of gradients holds an inf or NaN; WRITE: g /= loss scale in place."""
+    _p, g_ptr, _s1, _s2, offs, mask, _group = _chunk(table_ptr, chunks_ptr, DTYPE, BLOCK)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    # the check reads the scaled gradient, as torch's does; NaN fails the comparison too
+    bad = tl.max((~(tl.abs(g) <= 3.4028234663852886e38)).to(tl.int32), axis=0) > 0
+    if WRITE:
+        tl.store(g_ptr + offs, _unscaled(g, scale_ptr, True).to(DTYPE), mask=mask)
+    # every program that finds one stores the same 1.0: racing plain stores agree, no atomics needed
+    tl.store(found_ptr, 1.0, mask=bad)
+    tl.store(total_ptr, 1.0, mask=bad)
+
+
+@triton.jit
+def amp_update_scale_kernel(scale_ptr, tracker_ptr, found_ptr, growth_factor, backoff_factor, growth_interval):
+    """torch's dynamic loss scale: back off on inf/NaN, grow after growth_interval clean steps; clears found."""
+    scale = tl.load(scale_ptr)
+    tracker = tl.load(tracker_ptr)
+    found = tl.load(found_ptr) != 0.0
+    clean = tracker + 1
+    grow = clean == growth_interval
+    grown = (scale.to(tl.float64) * growth_factor).to(tl.float32)
+    grown = tl.where(tl.abs(grown) <= 3.4028234663852886e38, grown, scale)  # an overflowing growth is refused
+    backed = (scale.to(tl.float64) * backoff_factor).to(tl.float32)
+    tl.store(scale_ptr, tl.where(found, backed, tl.where(grow, grown, scale)))
+    tl.store(tracker_ptr, tl.where(found | grow, 0, clean))
+    tl.store(found_ptr, 0.0)
 
 
 @triton.jit
@@ -298,68 +367,105 @@ def _pick(seq, idx):
 # ---------------------------------------------------------------------------------------------
 # launchers
 # ---------------------------------------------------------------------------------------------
-def prepare(hyper: torch.Tensor) -> None:
-    """Advance every group's step and derived scalars (one launch)."""
-    optim_prepare_kernel[(hyper.shape[0],)](hyper, HYPER_SLOTS=HYPER_SLOTS)
+def prepare(hyper: torch.Tensor, found_inf: torch.Tensor | None = None) -> None:
+    """Advance every group's step and derived scalars (one launch); not when found_inf[0] != 0."""
+    optim_prepare_kernel[(hyper.shape[0],)](hyper, hyper if found_inf is None else found_inf,
+                                            HYPER_SLOTS=HYPER_SLOTS, SKIP=found_inf is not None)
+
+
+def _amp_args(hyper: torch.Tensor, scale: torch.Tensor | None, found_inf: torch.Tensor | None) -> dict:
+    """The loss-scaling arguments of an update kernel (hyper stands in for an absent pointer)."""
+    return dict(scale_ptr=hyper if scale is None else scale, found_ptr=hyper if found_inf is None else found_inf,
+                UNSCALE=scale is not None, SKIP=found_inf is not None)
 
 
 def sgd_step(hyper: torch.Tensor, params, grads, momentum_buffers, group_ids, *, has_momentum: bool,
-             nesterov: bool) -> None:
+             nesterov: bool, scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None) -> None:
     """In-place SGD update of ``params`` (contiguous) from ``grads``; buffers fp32 like params (or None)."""
-    prepare(hyper)
+    prepare(hyper, found_inf)
+    amp = _amp_args(hyper, scale, found_inf)
     bufs = momentum_buffers if has_momentum else [None] * len(params)
     for dtype, idx in _by_dtype(grads).items():
         table, chunks, n = tensor_table(_pick(params, idx), _pick(grads, idx), _pick(bufs, idx), [None] * len(idx),
                                         _pick(group_ids, idx))
         if n:
-            sgd_kernel[(n,)](table, chunks, hyper, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype],
+            sgd_kernel[(n,)](table, chunks, hyper, **amp, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype],
                              HAS_MOMENTUM=has_momentum, NESTEROV=nesterov, BLOCK=BLOCK, num_warps=NUM_WARPS)
 
 
-def adam_step(hyper: torch.Tensor, params, grads, exp_avgs, exp_avg_sqs, group_ids, *, decoupled: bool) -> None:
+def adam_step(hyper: torch.Tensor, params, grads, exp_avgs, exp_avg_sqs, group_ids, *, decoupled: bool,
+              scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None) -> None:
     """In-place Adam (decoupled=False) or AdamW update; exp_avgs/exp_avg_sqs fp32 like params."""
-    prepare(hyper)
+    prepare(hyper, found_inf)
+    amp = _amp_args(hyper, scale, found_inf)
     for dtype, idx in _by_dtype(grads).items():
         table, chunks, n = tensor_table(_pick(params, idx), _pick(grads, idx), _pick(exp_avgs, idx),
                                         _pick(exp_avg_sqs, idx), _pick(group_ids, idx))
         if n:
-            adam_kernel[(n,)](table, chunks, hyper, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype],
+            adam_kernel[(n,)](table, chunks, hyper, **amp, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype],
                               DECOUPLED=decoupled, BLOCK=BLOCK, num_warps=NUM_WARPS)
 
 
 def rmsprop_step(hyper: torch.Tensor, params, grads, square_avgs, momentum_buffers, group_ids, *,
-                 has_momentum: bool) -> None:
+                 has_momentum: bool, scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None) -> None:
     """In-place RMSprop update (not centered); square_avgs (and momentum_buffers) fp32 like params."""
-    prepare(hyper)
+    prepare(hyper, found_inf)
+    amp = _amp_args(hyper, scale, found_inf)
     bufs = momentum_buffers if has_momentum else [None] * len(params)
     for dtype, idx in _by_dtype(grads).items():
         table, chunks, n = tensor_table(_pick(params, idx), _pick(grads, idx), _pick(square_avgs, idx),
                                         _pick(bufs, idx), _pick(group_ids, idx))
         if n:
-            rmsprop_kernel[(n,)](table, chunks, hyper, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype],
+            rmsprop_kernel[(n,)](table, chunks, hyper, **amp, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype],
                                  HAS_MOMENTUM=has_momentum, BLOCK=BLOCK, num_warps=NUM_WARPS)
 
 
-def adagrad_step(hyper: torch.Tensor, params, grads, state_sums, group_ids) -> None:
+def adagrad_step(hyper: torch.Tensor, params, grads, state_sums, group_ids, *, scale: torch.Tensor | None = None,
+                 found_inf: torch.Tensor | None = None) -> None:
     """In-place Adagrad update; state_sums fp32 like params."""
-    prepare(hyper)
+    prepare(hyper, found_inf)
+    amp = _amp_args(hyper, scale, found_inf)
     for dtype, idx in _by_dtype(grads).items():
         table, chunks, n = tensor_table(_pick(params, idx), _pick(grads, idx), _pick(state_sums, idx),
                                         [None] * len(idx), _pick(group_ids, idx))
         if n:
-            adagrad_kernel[(n,)](table, chunks, hyper, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype], BLOCK=BLOCK,
-                                 num_warps=NUM_WARPS)
+            adagrad_kernel[(n,)](table, chunks, hyper, **amp, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype],
+                                 BLOCK=BLOCK, num_warps=NUM_WARPS)
 
 
-def lion_step(hyper: torch.Tensor, params, grads, exp_avgs, group_ids) -> None:
+def lion_step(hyper: torch.Tensor, params, grads, exp_avgs, group_ids, *, scale: torch.Tensor | None = None,
+              found_inf: torch.Tensor | None = None) -> None:
     """In-place Lion update; exp_avgs fp32 like params."""
-    prepare(hyper)
+    prepare(hyper, found_inf)
+    amp = _amp_args(hyper, scale, found_inf)
     for dtype, idx in _by_dtype(grads).items():
         table, chunks, n = tensor_table(_pick(params, idx), _pick(grads, idx), _pick(exp_avgs, idx),
                                         [None] * len(idx), _pick(group_ids, idx))
         if n:
-            lion_kernel[(n,)](table, chunks, hyper, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype], BLOCK=BLOCK,
-                              num_warps=NUM_WARPS)
+            lion_kernel[(n,)](table, chunks, hyper, **amp, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype],
+                              BLOCK=BLOCK, num_warps=NUM_WARPS)
+
+
+def amp_unscale_(scale: torch.Tensor, grads, found_inf: torch.Tensor, found_total: torch.Tensor, *,
+                 write: bool) -> None:
+    """Set found_inf and found_total (fp32 [1]) to 1 if any grad holds inf/NaN; write: grads /= scale in place.
+
+    The flags are only ever raised here (the caller zeroes found_inf first; found_total collects
+    every optimizer's check until ``amp_update_scale_`` reads and clears it).
+    """
+    for dt, idx in _by_dtype(grads).items():
+        table, chunks, n = tensor_table([None] * len(idx), _pick(grads, idx), [None] * len(idx), [None] * len(idx),
+                                        [0] * len(idx))
+        if n:
+            amp_unscale_kernel[(n,)](table, chunks, scale, found_inf, found_total, DTYPE=_TL_DTYPES[dt], WRITE=write,
+                                     BLOCK=BLOCK, num_warps=NUM_WARPS)
+
+
+def amp_update_scale_(scale: torch.Tensor, growth_tracker: torch.Tensor, found_total: torch.Tensor, *,
+                      growth_factor: float, backoff_factor: float, growth_interval: int) -> None:
+    """torch's dynamic loss-scale update, on the device (one program); found_total is cleared."""
+    amp_update_scale_kernel[(1,)](scale, growth_tracker, found_total, float(growth_factor), float(backoff_factor),
+                                  int(growth_interval))
 
 
 def clip_grad_norm_(norm_out: torch.Tensor, grads, max_norm: float, inf_norm: bool, eps: float = 1e-6) -> torch.Tensor:

@@ -18,11 +18,11 @@ class Adam(Optimizer):
                  eps: float = 1e-8, weight_decay: float = 0.0):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
-    def _update(self, hyper, params, grads, groups) -> None:
+    def _update(self, hyper, params, grads, groups, **amp) -> None:
         backend.call("adam_step", hyper, params=[p.data for p in params], grads=grads,
                      exp_avgs=[self._state_tensor(p, "exp_avg") for p in params],
                      exp_avg_sqs=[self._state_tensor(p, "exp_avg_sq") for p in params],
-                     group_ids=groups, decoupled=self._decoupled)
+                     group_ids=groups, decoupled=self._decoupled, **amp)
 
 
 class AdamW(Adam):

@@ -150,17 +150,26 @@ class Optimizer:
     @no_grad()
     def step(self) -> None:
         """Update every parameter that has a gradient: one fused launch per dtype."""
+        self._step({})
+
+    @no_grad()
+    def _step(self, amp: dict[str, torch.Tensor | None]) -> None:
+        """step(), with ``amp`` = GradScaler's {"scale", "found_inf"} device tensors passed to the update."""
         graphs.note_optimizer(self)
         params, grads, groups = self._with_grads()
         hyper = self._sync_hyper()
         if not params:
             return
-        self._update(hyper, params, grads, groups)
+        self._update(hyper, params, grads, groups, **amp)
         for p in params:
             p._version_counter.value += 1  # the update wrote each parameter in place
 
-    def _update(self, hyper: torch.Tensor, params: list[Tensor], grads: list[torch.Tensor], groups: list[int]) -> None:
-        """Launch the optimizer's fused update kernel over ``params`` (group index of each in ``groups``)."""
+    def _update(self, hyper: torch.Tensor, params: list[Tensor], grads: list[torch.Tensor], groups: list[int],
+                **amp: torch.Tensor | None) -> None:
+        """Launch the optimizer's fused update kernel over ``params`` (group index of each in ``groups``).
+
+        ``amp``: ``scale``/``found_inf`` for the update op (``ge2.amp.GradScaler``), passed through.
+        """
         raise NotImplementedError
 
     # ---- checkpoints -------------------------------------------------------------------------

@@ -22,11 +22,11 @@ class RMSprop(Optimizer):
         super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum))
         self._has_momentum = any(g["momentum"] != 0 for g in self.param_groups)
 
-    def _update(self, hyper, params, grads, groups) -> None:
+    def _update(self, hyper, params, grads, groups, **amp) -> None:
         bufs = [self._state_tensor(p, "momentum_buffer") for p in params] if self._has_momentum else None
         backend.call("rmsprop_step", hyper, params=[p.data for p in params], grads=grads,
                      square_avgs=[self._state_tensor(p, "square_avg") for p in params], momentum_buffers=bufs,
-                     group_ids=groups, has_momentum=self._has_momentum)
+                     group_ids=groups, has_momentum=self._has_momentum, **amp)
 
 
 class Adagrad(Optimizer):
@@ -39,7 +39,7 @@ class Adagrad(Optimizer):
         super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, eps=eps,
                                       initial_accumulator_value=initial_accumulator_value))
 
-    def _update(self, hyper, params, grads, groups) -> None:
+    def _update(self, hyper, params, grads, groups, **amp) -> None:
         sums = []
         for p, gi in zip(params, groups):
             fresh = "sum" not in self.state.get(p, {})
@@ -48,7 +48,7 @@ class Adagrad(Optimizer):
                 s.fill_(float(self.param_groups[gi]["initial_accumulator_value"]))
             sums.append(s)
         backend.call("adagrad_step", hyper, params=[p.data for p in params], grads=grads, state_sums=sums,
-                     group_ids=groups)
+                     group_ids=groups, **amp)
 
 
 class Lion(Optimizer):
@@ -60,6 +60,6 @@ class Lion(Optimizer):
                  weight_decay: float = 0.0):
         super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
 
-    def _update(self, hyper, params, grads, groups) -> None:
+    def _update(self, hyper, params, grads, groups, **amp) -> None:
         backend.call("lion_step", hyper, params=[p.data for p in params], grads=grads,
-                     exp_avgs=[self._state_tensor(p, "exp_avg") for p in params], group_ids=groups)
+                     exp_avgs=[self._state_tensor(p, "exp_avg") for p in params], group_ids=groups, **amp)

@@ -25,7 +25,7 @@ class SGD(Optimizer):
         self._has_momentum = any(g["momentum"] != 0 for g in self.param_groups)
         self._nesterov = any(g["nesterov"] for g in self.param_groups)
 
-    def _update(self, hyper, params, grads, groups) -> None:
+    def _update(self, hyper, params, grads, groups, **amp) -> None:
         bufs = [self._state_tensor(p, "momentum_buffer") for p in params] if self._has_momentum else None
         backend.call("sgd_step", hyper, params=[p.data for p in params], grads=grads, momentum_buffers=bufs,
-                     group_ids=groups, has_momentum=self._has_momentum, nesterov=self._nesterov)
+                     group_ids=groups, has_momentum=self._has_momentum, nesterov=self._nesterov, **amp)

@@ -16,7 +16,20 @@ def _prepare(hyper: torch.Tensor) -> list[list[float]]:
     return hyper.tolist()
 
 
+def _loss_scaled(update):
+    """The update with GradScaler's arguments: skipped when found_inf is set, grads divided by scale."""
+    def run(hyper, *, grads, scale=None, found_inf=None, **kwargs):
+        if found_inf is not None and found_inf.item() != 0:
+            return None
+        if scale is not None:
+            inv = scale.double().reciprocal().float()
+            grads = [(g.float() * inv).to(g.dtype) for g in grads]
+        return update(hyper, grads=grads, **kwargs)
+    return run
+
+
 @register("sgd_step", "torch", dtypes=(torch.float64,))
+@_loss_scaled
 def sgd_step(hyper, *, params, grads, momentum_buffers, group_ids, has_momentum, nesterov):
     rows = _prepare(hyper)
     for i, (p, g, gid) in enumerate(zip(params, grads, group_ids)):
@@ -33,6 +46,7 @@ def sgd_step(hyper, *, params, grads, momentum_buffers, group_ids, has_momentum,
 
 
 @register("adam_step", "torch", dtypes=(torch.float64,))
+@_loss_scaled
 def adam_step(hyper, *, params, grads, exp_avgs, exp_avg_sqs, group_ids, decoupled):
     rows = _prepare(hyper)
     for p, g, m, v, gid in zip(params, grads, exp_avgs, exp_avg_sqs, group_ids):
@@ -50,6 +64,7 @@ def adam_step(hyper, *, params, grads, exp_avgs, exp_avg_sqs, group_ids, decoupl
 
 
 @register("rmsprop_step", "torch", dtypes=(torch.float64,))
+@_loss_scaled
 def rmsprop_step(hyper, *, params, grads, square_avgs, momentum_buffers, group_ids, has_momentum):
     rows = _prepare(hyper)
     for i, (p, g, v, gid) in enumerate(zip(params, grads, square_avgs, group_ids)):
@@ -66,6 +81,7 @@ def rmsprop_step(hyper, *, params, grads, square_avgs, momentum_buffers, group_i
 
 
 @register("adagrad_step", "torch", dtypes=(torch.float64,))
+@_loss_scaled
 def adagrad_step(hyper, *, params, grads, state_sums, group_ids):
     rows = _prepare(hyper)
     for p, g, acc, gid in zip(params, grads, state_sums, group_ids):
@@ -77,6 +93,7 @@ def adagrad_step(hyper, *, params, grads, state_sums, group_ids):
 
 
 @register("lion_step", "torch", dtypes=(torch.float64,))
+@_loss_scaled
 def lion_step(hyper, *, params, grads, exp_avgs, group_ids):
     rows = _prepare(hyper)
     for p, g, m, gid in zip(params, grads, exp_avgs, group_ids):
@@ -85,6 +102,21 @@ def lion_step(hyper, *, params, grads, exp_avgs, group_ids):
         update = m.lerp(g.float(), 1 - h[BETA1]).sign_()
         p.copy_((p32 - h[LR] * update).to(p.dtype))
         m.lerp_(g.float(), 1 - h[BETA2])
+
+
+@register("amp_unscale_", "torch", dtypes=(torch.float32,))
+def amp_unscale_(scale, *, grads, found_inf, found_total, write):
+    targets = grads if write else [g.clone() for g in grads]
+    inv = scale.double().reciprocal().float()
+    for dtype in {g.dtype for g in targets}:
+        torch._amp_foreach_non_finite_check_and_unscale_([g for g in targets if g.dtype == dtype], found_inf, inv)
+    found_total.copy_(torch.maximum(found_total, found_inf))
+
+
+@register("amp_update_scale_", "torch", dtypes=(torch.float32,))
+def amp_update_scale_(scale, *, growth_tracker, found_total, growth_factor, backoff_factor, growth_interval):
+    torch._amp_update_scale_(scale, growth_tracker, found_total, growth_factor, backoff_factor, growth_interval)
+    found_total.zero_()
 
 
 @register("clip_grad_norm_", "torch", dtypes=(torch.float32,))
