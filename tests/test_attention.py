@@ -315,10 +315,12 @@ def test_mask_dtype_and_grad_errors():
 def test_attention_step_does_no_torch_math():
     mha = nn.MultiheadAttention(16, 2, batch_first=True)
     x = ge2.from_torch(randn(2, 7, 16))
+    causal = ge2.from_torch(torch.ones(7, 7, dtype=torch.bool, device=DEVICE).triu(1))
+    padding = ge2.from_torch(torch.tensor([[False] * 6 + [True], [False] * 7], device=DEVICE))
     with torch_op_guard():
-        out, _ = mha(x, x, x, need_weights=False, attn_mask=ge2.from_torch(
-            torch.ones(7, 7, dtype=torch.bool, device=DEVICE).triu(1)), is_causal=True)
-        out.sum().backward()
+        out, _ = mha(x, x, x, need_weights=False, attn_mask=causal, is_causal=True)
+        out2, _ = mha(x, x, x, need_weights=False, key_padding_mask=padding, attn_mask=causal)
+        (out.sum() + out2.sum()).backward()
     assert mha.in_proj_weight.grad is not None
 
 
