@@ -11,7 +11,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import ge2
 from ge2.kernels import attention_decode as D
 from numerics import DEVICE, LARGE, assert_matches, randn
 

@@ -40,36 +40,35 @@ PROGRAMS_PER_SM = 4
 # Below this many keys (x the q heads of a kv head) the flash forward is as fast: see prefers_decode.
 PREFER_MIN_S = 1
 ACC_ELEMENTS = 16384  # BLOCK_M * EV_PAD cap: the fp32 accumulator stays in registers
+TUNED_CHUNK = 1024  # chunks shorter than this run one config untuned (launch-bound; GPU tests stay quick)
 SMEM_BYTES = 200 * 1024  # what a config's K/V pipeline stages may take of the H100's 227 KB
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
 
-def _configs() -> list[triton.Config]:
-    return [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s)
-            for n, w, s in ((64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (128, 8, 3), (32, 4, 4))]
-
-
-DEFAULT_CONFIG = 3  # BLOCK_N 128: few loop trips, which is what the interpreter's time goes by
+CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s)
+           for n, w, s in ((64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (128, 8, 3), (32, 4, 4))]
+DEFAULT_CONFIG = CONFIGS[3]  # BLOCK_N 128: few loop trips, which is what the interpreter's time goes by
 
 
 def _prune(configs, named_args, **kwargs):
-    """Drop configs whose K/V stages overflow shared memory or whose key block exceeds the chunk."""
+    """Drop configs whose K/V stages overflow shared memory or whose key block exceeds the chunk;
+    one config, untuned, for chunks too short for the choice to matter (launch-bound)."""
     meta = {**named_args, **kwargs}
     size = meta["k_ptr"].element_size()
-    keys = triton.next_power_of_2(meta["chunk"])
     fits = [c for c in configs
             if c.num_stages * c.kwargs["BLOCK_N"] * (meta["E_PAD"] + meta["EV_PAD"]) * size <= SMEM_BYTES]
     fits = fits or [min(configs, key=lambda c: c.num_stages * c.kwargs["BLOCK_N"])]
-    short = [c for c in fits if c.kwargs["BLOCK_N"] <= max(keys, 32)]
-    return short or [min(fits, key=lambda c: c.kwargs["BLOCK_N"])]
+    if meta["chunk"] < TUNED_CHUNK:
+        return [DEFAULT_CONFIG if DEFAULT_CONFIG in fits else fits[0]]
+    return fits
 
 
 # ---------------------------------------------------------------------------------------------
 # kernels
 # ---------------------------------------------------------------------------------------------
-@autotune(_configs(), key=["chunk", "BLOCK_M", "E_PAD", "EV_PAD", "MASK_KIND", "PRECISION"],
+@autotune(CONFIGS, key=["chunk", "BLOCK_M", "E_PAD", "EV_PAD", "MASK_KIND", "PRECISION"],
           default=DEFAULT_CONFIG, prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def attention_decode_split_kernel(
@@ -229,6 +228,20 @@ def _split(units: int, keys: int, device: torch.device) -> tuple[int, int]:
     return cdiv(keys, chunk), chunk
 
 
+def plan(B: int, Hq: int, Hkv: int, L: int, keys: int, Ev: int, device: torch.device,
+         num_splits: int | None = None) -> tuple[int, int, int, int]:
+    """(BLOCK_M, row blocks per kv head, n_splits, chunk) of a launch over ``keys`` keys."""
+    rows = Hq // Hkv * L
+    block_m = min(_pad(rows), max(16, ACC_ELEMENTS // _pad(Ev)))
+    m_blocks = cdiv(rows, block_m)
+    if num_splits is None:
+        n_splits, chunk = _split(B * Hkv * m_blocks, keys, device)
+    else:
+        chunk = cdiv(keys, max(1, min(num_splits, keys)))
+        n_splits = cdiv(keys, chunk)
+    return block_m, m_blocks, n_splits, chunk
+
+
 def prefers_decode(q: torch.Tensor, k: torch.Tensor, dropout_p: float) -> bool:
     """Whether the split-S decode kernel beats the flash forward: q [B, Hq, L, E] with L <= 16, no
     dropout, k [B, Hkv, S, E] long enough (S >= PREFER_MIN_S)."""
@@ -251,15 +264,7 @@ def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     if o.numel() == 0:
         return o, lse
     keys = min(S, L) if is_causal else S  # top-left causal: no row reaches past key L - 1
-    E_PAD, EV_PAD = _pad(E), _pad(Ev)
-    block_m = min(_pad(G * L), max(16, ACC_ELEMENTS // EV_PAD))
-    m_blocks = cdiv(G * L, block_m)
-    units = B * Hkv * m_blocks
-    if num_splits is None:
-        n_splits, chunk = _split(units, keys, q.device)
-    else:
-        chunk = cdiv(keys, max(1, min(num_splits, keys)))
-        n_splits = cdiv(keys, chunk)
+    block_m, m_blocks, n_splits, chunk = plan(B, Hq, Hkv, L, keys, Ev, q.device, num_splits)
     if n_splits == 1:  # the split kernel writes o and lse itself
         o_out, lse_out = o, lse
         so, sl = (*o.stride()[:3], 0, o.stride(3)), (*lse.stride(), 0)
@@ -270,10 +275,12 @@ def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     if mask is None:
         mask_kind, mask_arg, sm = 0, q, (0, 0, 0, 0)
     else:
-        mask_kind, mask_arg, sm = (1 if mask.dtype == torch.bool else 2), mask, mask.stride()
+        # A bool mask is read as its bytes (the same strides).
+        mask_kind, sm = (1 if mask.dtype == torch.bool else 2), mask.stride()
+        mask_arg = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
     interpreter = runtime.is_interpreter()
     fp32 = q.dtype == torch.float32
-    attention_decode_split_kernel[(units * n_splits,)](
+    attention_decode_split_kernel[(B * Hkv * m_blocks * n_splits,)](
         q, k, v, mask_arg, o_out, lse_out,
         Hkv, L, keys, G, E, Ev, chunk, n_splits, m_blocks,
         *q.stride(), *k.stride(), *v.stride(), *sm, *so, *sl,
@@ -281,12 +288,12 @@ def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
         IS_CAUSAL=bool(is_causal), MASK_KIND=mask_kind,
         PRECISION=precision if fp32 else "ieee", UPCAST=interpreter and not fp32,
         ROUND_TF32=fp32 and precision == "tf32" and not interpreter,
-        BLOCK_M=block_m, E_PAD=E_PAD, EV_PAD=EV_PAD,
+        BLOCK_M=block_m, E_PAD=_pad(E), EV_PAD=_pad(Ev),
     )
     if n_splits > 1:
-        block_c = min(triton.next_power_of_2(n_splits), max(1, 8192 // EV_PAD))
+        block_c = min(triton.next_power_of_2(n_splits), max(1, 8192 // _pad(Ev)))
         attention_decode_combine_kernel[(B * Hq * L,)](
             o_out, lse_out, o, lse, Hq, L, Ev, n_splits, *o.stride(), *lse.stride(),
-            BLOCK_C=block_c, EV_PAD=EV_PAD, num_warps=4,
+            BLOCK_C=block_c, EV_PAD=_pad(Ev), num_warps=4,
         )
     return o, lse
