@@ -179,6 +179,17 @@ class CapturedStep:
         self._warm.clear()
 
     def __call__(self, *args: Any) -> Any:
+        from ge2.amp.autocast_mode import clear_cache
+
+        # Parameter casts cached by an autocast region around this call must not cross a graph's
+        # boundary: the step makes its own (recorded into the graph), and code after it recasts.
+        clear_cache()
+        try:
+            return self._call(args)
+        finally:
+            clear_cache()
+
+    def _call(self, args: tuple) -> Any:
         sig = _signature(args)
         devices = {s[3] for s in sig if s[0] == "tensor"}
         if not devices or any(d.type != "cuda" for d in devices):
