@@ -162,3 +162,47 @@ def load(path: str | os.PathLike, map_location=None) -> Any:
         t = t.to(device)
         tensors.append(Tensor(t) if m["kind"] == "ge2" else t)
     return _decode(header["tree"], tensors)
+
+
+# ---------------------------------------------------------------------------------------------
+# safetensors: weights for (and from) torch users
+# ---------------------------------------------------------------------------------------------
+def save_safetensors(obj: Any, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
+    """Write a module's state_dict (or a state dict of tensors) as a safetensors file, torch's key names.
+
+    ``torch_module.load_state_dict(safetensors.torch.load_file(path))`` then loads it into the
+    equivalent torch model. Tensors that share memory (tied weights) are written once per key, as
+    torch's ``state_dict`` lists them. Written to a temporary file and renamed over ``path``.
+    """
+    from safetensors.torch import save_file
+
+    state = obj.state_dict() if hasattr(obj, "state_dict") and callable(obj.state_dict) else obj
+    if not hasattr(state, "items"):
+        raise TypeError(f"save_safetensors: expected a Module or a dict of tensors, got {type(obj).__name__}")
+    tensors = {}
+    for key, value in state.items():
+        data = value.data if isinstance(value, Tensor) else value
+        if not isinstance(key, str) or not isinstance(data, torch.Tensor):
+            raise TypeError(f"save_safetensors: {key!r} must map a str to a tensor, got {type(value).__name__}")
+        tensors[key] = data.detach().to("cpu", copy=True).contiguous()  # one buffer per key: ties untied
+    path = os.fspath(path)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=metadata)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def load_safetensors(path: str | os.PathLike, device: str | torch.device | None = None) -> dict[str, Tensor]:
+    """A safetensors file (ge2's or torch's) as {name: ge2 Tensor} on ``device`` (default: ge2.device()).
+
+    ``module.load_state_dict(ge2.load_safetensors(path))`` loads torch-saved weights.
+    """
+    from safetensors.torch import load_file
+
+    dev = runtime.resolve_device(device) if device is not None else runtime.device()
+    return {k: Tensor(v) for k, v in load_file(os.fspath(path), device=str(dev)).items()}

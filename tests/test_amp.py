@@ -13,7 +13,7 @@ import ge2.nn.functional as F
 from ge2 import graphs
 from ge2.amp import autocast_mode
 from ge2.testing import record_torch_ops, torch_op_guard
-from tests.numerics import DEVICE, assert_matches, randn
+from numerics import DEVICE, assert_matches, randn
 
 BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
 ON_CUDA = DEVICE.type == "cuda"

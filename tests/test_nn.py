@@ -397,3 +397,17 @@ def test_clip_grad_norm_vs_torch(max_norm, norm_type):
     assert total.shape == () and abs(total.item() - ref.item()) <= 1e-6 * ref.item()
     for p, t in zip(gp, tp):
         assert torch.allclose(p.grad.data, t.grad, rtol=2e-6, atol=1e-7)
+
+
+def test_module_dict():
+    d = nn.ModuleDict({"a": nn.Linear(3, 4), "b": nn.ReLU()})
+    d["c"] = nn.Linear(4, 2)
+    assert list(d) == ["a", "b", "c"] and len(d) == 3 and "b" in d
+    assert [k for k, _ in d.named_parameters()] == ["a.weight", "a.bias", "c.weight", "c.bias"]
+    d.update([("b", nn.Tanh())])
+    assert isinstance(d["b"], nn.Tanh) and list(d.keys()) == ["a", "b", "c"]
+    assert isinstance(d.pop("b"), nn.Tanh) and list(d) == ["a", "c"]
+    with pytest.raises(TypeError, match="ModuleDict"):
+        d["x"] = 3
+    with pytest.raises(KeyError, match="ModuleDict"):
+        d["x.y"] = nn.ReLU()

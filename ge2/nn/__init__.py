@@ -1,7 +1,7 @@
 """Neural-network layers, losses and initialisers: ``import ge2.nn as nn`` reads like ``torch.nn``."""
 from ge2.nn.parameter import Parameter  # noqa: F401
 from ge2.nn.module import IncompatibleKeys, Module, StateDictError  # noqa: F401
-from ge2.nn.container import ModuleList, Sequential  # noqa: F401
+from ge2.nn.container import ModuleDict, ModuleList, Sequential  # noqa: F401
 from ge2.nn.linear import Flatten, Identity, Linear  # noqa: F401
 from ge2.nn.activation import GELU, LeakyReLU, LogSoftmax, ReLU, Sigmoid, SiLU, Softmax, Tanh  # noqa: F401
 from ge2.nn.dropout import Dropout  # noqa: F401
