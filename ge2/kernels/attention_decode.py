@@ -73,13 +73,13 @@ def _prune(configs, named_args, **kwargs):
 @triton.jit
 def attention_decode_split_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, lse_ptr,
-    Hkv, L, S, G, E, EV, chunk, n_splits, m_blocks,
+    Hkv, L, S, G, chunk, n_splits, m_blocks,
     sqb, sqh, sql, sqe, skb, skh, sks, ske, svb, svh, svs, sve, smb, smh, sml, sms,
     sob, soh, sol, soc, soe, slb, slh, sll, slc,
     qk_scale,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     ROUND_TF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    E_PAD: tl.constexpr, EV_PAD: tl.constexpr,
+    E: tl.constexpr, EV: tl.constexpr, E_PAD: tl.constexpr, EV_PAD: tl.constexpr,
 ):
     """Keys [c * chunk, (c + 1) * chunk) of one (batch, kv head) against BLOCK_M of its G * L query rows.
 
@@ -282,13 +282,13 @@ def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     fp32 = q.dtype == torch.float32
     attention_decode_split_kernel[(B * Hkv * m_blocks * n_splits,)](
         q, k, v, mask_arg, o_out, lse_out,
-        Hkv, L, keys, G, E, Ev, chunk, n_splits, m_blocks,
+        Hkv, L, keys, G, chunk, n_splits, m_blocks,
         *q.stride(), *k.stride(), *v.stride(), *sm, *so, *sl,
         float(scale) * LOG2E,
         IS_CAUSAL=bool(is_causal), MASK_KIND=mask_kind,
         PRECISION=precision if fp32 else "ieee", UPCAST=interpreter and not fp32,
         ROUND_TF32=fp32 and precision == "tf32" and not interpreter,
-        BLOCK_M=block_m, E_PAD=_pad(E), EV_PAD=_pad(Ev),
+        BLOCK_M=block_m, E=E, EV=Ev, E_PAD=_pad(E), EV_PAD=_pad(Ev),  # head dims constant: padding masks fold away
     )
     if n_splits > 1:
         block_c = min(triton.next_power_of_2(n_splits), max(1, 8192 // _pad(Ev)))
