@@ -453,3 +453,17 @@ def test_mha_bf16_on_the_gpu_matches_torch():
     t_out.backward(go)
     g_out.backward(ge2.from_torch(go))
     assert rel_error(xg.grad.data, xt.grad) < 3e-2
+
+
+def test_autocast_runs_attention_in_the_low_dtype():
+    """Under autocast fp32 q, k, v run in bf16 (torch's lower-precision list); gradients reach them in fp32."""
+    q, k, v = qkv(1, 2, 2, 9, 13, 16)
+    gq, gk, gv = _leaves(q, k, v)
+    with ge2.autocast(DEVICE.type, dtype=torch.bfloat16):
+        out = F.scaled_dot_product_attention(gq, gk, gv, is_causal=True)
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+        t_out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert out.dtype == t_out.dtype == torch.bfloat16
+    assert_matches(out.data, _reference(q, k, v, is_causal=True), t_out, name="autocast sdpa")
+    out.to(torch.float32).sum().backward()
+    assert gq.grad.dtype == torch.float32 and gv.grad.dtype == torch.float32

@@ -14,6 +14,8 @@ import numbers
 import torch
 
 from ge2 import backend
+from ge2.amp import autocast_mode as _amp
+from ge2.amp.autocast_mode import state as _amp_state
 from ge2.autograd.dropout import default_rng_state
 from ge2.autograd.function import Function
 from ge2.autograd.tensor import Tensor
@@ -81,9 +83,12 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     torch's semantics: ``attn_mask`` bool (True takes part) or additive float, broadcastable to
     [..., Hq, L, S]; ``is_causal`` keeps column j <= row i (top-left when L != S); ``scale`` defaults to
     1/sqrt(E); ``enable_gqa`` lets Hq be a multiple of Hkv (k and v are never repeated); batch dims
-    broadcast. A row with nothing to attend to gives 0 and zero gradients. ``rng_state`` (ge2's): the
+    broadcast. Under ``ge2.autocast`` q, k and v run in the region's low dtype (a float mask is read in
+    its own). A row with nothing to attend to gives 0 and zero gradients. ``rng_state`` (ge2's): the
     [seed, offset] device tensor dropout draws from (default: the device's, as ``dropout``).
     """
+    if _amp_state.on:  # autocast: attention is a matmul-like op (torch's lower-precision list)
+        query, key, value = _amp.cast_low(query, key, value)
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{OP}: {name} must be a ge2 Tensor, got {type(t).__name__}")
