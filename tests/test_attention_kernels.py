@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ge2.backend.torch_backend.dropout import philox_uniform
+from ge2.kernels import attention
 from ge2.kernels.attention import attention_backward, attention_forward
 from tests.numerics import DEVICE, EPS, LARGE, assert_matches, rel_error
 
@@ -49,7 +50,7 @@ def written_out(q, k, v, mask, scale, causal, keep=None, p=0.0):
 
 
 def run_case(B, Hq, Hkv, L, S, E, Ev, *, causal=False, mask=None, dtype=torch.float32, precision="ieee",
-             dropout_p=0.0, fused_qkv=False, seed=0):
+             dropout_p=0.0, fused_qkv=False, seed=0, negative_scale=False):
     g = torch.Generator().manual_seed(seed)
     if fused_qkv:  # q, k, v as the transposed views of one [B, L, 3, H, E] projection (L = S, Hq = Hkv)
         qkv = torch.randn(B, L, 3, Hq, E, generator=g, dtype=torch.float64).to(DEVICE, dtype)
@@ -58,9 +59,10 @@ def run_case(B, Hq, Hkv, L, S, E, Ev, *, causal=False, mask=None, dtype=torch.fl
         q = torch.randn(B, Hq, L, E, generator=g, dtype=torch.float64).to(DEVICE, dtype)
         k = torch.randn(B, Hkv, S, E, generator=g, dtype=torch.float64).to(DEVICE, dtype)
         v = torch.randn(B, Hkv, S, Ev, generator=g, dtype=torch.float64).to(DEVICE, dtype)
-    # do as a strided view (every other column of a wider buffer)
-    do = torch.randn(B, Hq, L, 2 * Ev, generator=g, dtype=torch.float64).to(DEVICE, dtype)[..., ::2]
-    scale = E ** -0.5 * 1.3
+    do = torch.randn(B, Hq, L, 2 * Ev, generator=g, dtype=torch.float64).to(DEVICE, dtype)
+    # with fused q, k, v: do as a strided view too (every other column of a wider buffer)
+    do = do[..., ::2] if fused_qkv else do[..., :Ev]
+    scale = E ** -0.5 * (-1.3 if negative_scale else 1.3)
     rng_state = torch.tensor([1234 + seed, 77 * seed], dtype=torch.int64, device=DEVICE) if dropout_p else None
     keep = keep_mask(rng_state, B, Hq, L, S, dropout_p) if dropout_p else None
     mask_full = None if mask is None else mask.expand(B, Hq, L, S)
@@ -121,6 +123,22 @@ def test_shapes(B, Hq, Hkv, L, S, E, Ev, causal):
     run_case(B, Hq, Hkv, L, S, E, Ev, causal=causal)
 
 
+@pytest.mark.parametrize("B,Hq,Hkv,L,S,E,Ev,causal", [SHAPES[4], SHAPES[8]])
+def test_pointer_loads(B, Hq, Hkv, L, S, E, Ev, causal, monkeypatch):
+    """The strided-load path that inputs TMA cannot read take (the other tests mostly take TMA)."""
+    monkeypatch.setattr(attention, "TMA", False)
+    run_case(B, Hq, Hkv, L, S, E, Ev, causal=causal)
+
+
+def test_tma_and_pointer_paths_taken(monkeypatch):
+    q = torch.randn(1, 1, 16, 16, device=DEVICE)
+    assert attention._sources(q, q[..., :8])[1] is True  # rows of 64 bytes: aligned
+    assert attention._sources(q, torch.randn(1, 1, 4, 5, device=DEVICE))[1] is False  # rows of 20 bytes
+    assert attention._sources(q, q.transpose(-1, -2))[1] is False  # no unit stride in the last dim
+    monkeypatch.setattr(attention, "TMA", False)
+    assert attention._sources(q, q)[1] is False
+
+
 def _bool_mask(B, H, L, S, seed):
     g = torch.Generator().manual_seed(seed)
     m = torch.rand(B, H, L, S, generator=g) > 0.4
@@ -163,6 +181,10 @@ def test_all_masked_rows_are_zero():
     o, lse, (dq, dk, dv), _ = run_case(B, H, H, L, S, E, E, mask=mask)
     assert torch.all(o[:, :, 4] == 0) and torch.all(lse[:, :, 4] == float("-inf")) and torch.all(dq[:, :, 4] == 0)
     assert torch.all(o[:, :, 3] != 0)
+
+
+def test_negative_scale():
+    run_case(1, 2, 1, 33, 40, 16, 16, causal=True, mask=_float_mask(1, 1, 33, 40, seed=9), negative_scale=True)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from ge2 import runtime
+from ge2.kernels.gemm import _round_to_tf32, _tma_sms
 from ge2.runtime import cdiv
 
 LOG2E = 1.4426950408889634
@@ -44,8 +45,19 @@ SMALL_WORK = 1 << 22  # B*Hq*L*S below this: one config, no tuning (launch-bound
 MASK_NONE, MASK_BOOL, MASK_FLOAT = 0, 1, 2
 
 
-def _cfg(bm: int, bn: int, stages: int, warps: int) -> triton.Config:
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=stages, num_warps=warps)
+def _block_shapes(nargs) -> None:
+    """TMA boxes follow the config: BLOCK_M rows of q and dO, BLOCK_N rows of k and v (set before each launch)."""
+    if not nargs.get("USE_TMA"):
+        return
+    bm, bn, hd, hdv = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["HEAD_DIM"], nargs["HEAD_DIM_V"]
+    for name, rows, width in (("q_ptr", bm, hd), ("do_ptr", bm, hdv), ("k_ptr", bn, hd), ("v_ptr", bn, hdv)):
+        if name in nargs:
+            nargs[name].block_shape = [1, 1, rows, width]
+
+
+def _cfg(bm: int, bn: int, stages: int, warps: int, warp_spec: bool = False) -> triton.Config:
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "WARP_SPEC": warp_spec}, num_stages=stages,
+                         num_warps=warps, pre_hook=_block_shapes)
 
 
 INTERPRETER_CONFIG = _cfg(16, 16, 1, 4)
@@ -97,7 +109,8 @@ def _pruner(spaces: dict, smem):
         hd, hdv = a["HEAD_DIM"], a["HEAD_DIM_V"]
         space = spaces[_bucket(max(hd, hdv))]
         size = a["q_ptr"].element_size()
-        fits = [c for c in configs if c in space and smem(c, hd, hdv, size) <= SMEM_BUDGET]
+        fits = [c for c in configs if c in space and smem(c, hd, hdv, size) <= SMEM_BUDGET
+                and (a["USE_TMA"] or not c.kwargs["WARP_SPEC"])]
         fits = fits or [min(space, key=lambda c: smem(c, hd, hdv, size))]
         if a["B"] * a["Hq"] * a["L"] * a["S"] < SMALL_WORK:
             return fits[:1]
@@ -110,68 +123,107 @@ def _all(spaces: dict) -> list[triton.Config]:
     return [c for space in spaces.values() for c in space]
 
 
-_KEY = ["B", "Hq", "L", "S", "HEAD_DIM", "HEAD_DIM_V", "CAUSAL", "MASK_KIND", "DROPOUT", "PRECISION"]
+_SIZES = ["B", "Hq", "L", "S", "GROUP"]  # not specialized: fewer compiled variants (nothing divides them)
+_KEY = ["B", "Hq", "L", "S", "HEAD_DIM", "HEAD_DIM_V", "CAUSAL", "MASK_KIND", "DROPOUT", "PRECISION", "USE_TMA"]
 
 
 # ---------------------------------------------------------------------------------------------
 # forward
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _fwd_sweep(acc, l_i, m_i, q, k_base, v_base, mask_base, lo, hi, rows, L, S, E, EV,
+def _operand(x, UPCAST: tl.constexpr, ROUND_TF32: tl.constexpr):
+    """A dot operand as the kernel multiplies it: fp32 under the interpreter (16-bit storage), rounded
+    to nearest tf32 for "tf32" on the GPU (fed raw fp32 bits, the tensor cores truncate: twice the error)."""
+    if UPCAST:
+        x = x.to(tl.float32)
+    if ROUND_TF32:
+        x = _round_to_tf32(x)
+    return x
+
+
+@triton.jit
+def _tile(src, b, h, r0, rows, n_rows, s_row, cols, n_cols, s_col, USE_TMA: tl.constexpr,
+          BLOCK: tl.constexpr, WIDTH: tl.constexpr):
+    """The [BLOCK, WIDTH] tile of rows r0.. of head (b, h): a TMA box, or masked loads from the
+    pointer ``src`` to the head's first element."""
+    if USE_TMA:
+        t = src.load([b, h, r0, 0]).reshape(BLOCK, WIDTH)
+    else:
+        t = tl.load(src + rows.to(tl.int64)[:, None] * s_row + cols[None, :] * s_col,
+                    mask=(rows < n_rows)[:, None] & (cols < n_cols)[None, :], other=0.0)
+    return t
+
+
+@triton.jit
+def _fwd_sweep(acc, l_i, m_i, q, k_src, v_src, mask_base, lo, hi, b, hk, rows, L, S, E, EV,
                sk_s, sk_e, sv_s, sv_e, sm_s, qk_scale, seed, drop_base, dropout_p,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr,
-               UPCAST: tl.constexpr, PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr,
-               HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Online softmax over the key blocks [lo, hi); MASKED blocks check the sequence end and the diagonal."""
+               UPCAST: tl.constexpr, PRECISION: tl.constexpr, ROUND_TF32: tl.constexpr, USE_TMA: tl.constexpr,
+               WARP_SPEC: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Online softmax over the key blocks [lo, hi); MASKED blocks check the sequence end and the diagonal.
+
+    k_src, v_src: TMA descriptors of [B, Hkv, S, E] (USE_TMA) or the pointers to (b, hk)'s first key.
+    """
     offs_n = tl.arange(0, BLOCK_N)
     offs_e = tl.arange(0, HEAD_DIM)
     offs_ev = tl.arange(0, HEAD_DIM_V)
     cols = lo + offs_n
-    k_ptrs = k_base + cols.to(tl.int64)[:, None] * sk_s + offs_e[None, :] * sk_e
-    v_ptrs = v_base + cols.to(tl.int64)[:, None] * sv_s + offs_ev[None, :] * sv_e
+    if not USE_TMA:
+        k_ptrs = k_src + cols.to(tl.int64)[:, None] * sk_s + offs_e[None, :] * sk_e
+        v_ptrs = v_src + cols.to(tl.int64)[:, None] * sv_s + offs_ev[None, :] * sv_e
     if MASK_KIND != 0:
         m_ptrs = mask_base + cols.to(tl.int64)[None, :] * sm_s
         row_ok = (rows < L)[:, None]
-    for start_n in range(lo, hi, BLOCK_N):
+    # Only the unmasked plain sweep takes the short form (max of raw q.k, then one FMA per score).
+    FAST: tl.constexpr = not MASKED and MASK_KIND == 0
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPEC):
         cols = start_n + offs_n
-        if MASKED:
+        if USE_TMA:  # the copy engine zero-fills past S and E
+            k = k_src.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+        elif MASKED:
             k = tl.load(k_ptrs, mask=(cols < S)[:, None] & (offs_e < E)[None, :], other=0.0)
         else:
             k = tl.load(k_ptrs, mask=(offs_e < E)[None, :], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        if MASK_KIND == 1:
-            s = tl.where(tl.load(m_ptrs, mask=row_ok & (cols < S)[None, :], other=0) != 0, s, float("-inf"))
-        elif MASK_KIND == 2:
-            s += tl.load(m_ptrs, mask=row_ok & (cols < S)[None, :], other=0.0).to(tl.float32) * 1.4426950408889634
-        if MASKED:
-            ok = (cols < S)[None, :]
-            if CAUSAL:
-                ok = ok & (cols[None, :] <= rows[:, None])
-            s = tl.where(ok, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        if MASK_KIND != 0:
-            # A row whose scores so far are all -inf: shift by 0 so exp2 gives 0, not NaN.
-            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_new[:, None])
+        k = _operand(k, UPCAST, ROUND_TF32)
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if FAST:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+        else:
+            s = qk * qk_scale
+            if MASK_KIND == 1:
+                s = tl.where(tl.load(m_ptrs, mask=row_ok & (cols < S)[None, :], other=0) != 0, s, float("-inf"))
+            elif MASK_KIND == 2:
+                s += tl.load(m_ptrs, mask=row_ok & (cols < S)[None, :], other=0.0).to(tl.float32) * 1.4426950408889634
+            if MASKED:
+                ok = (cols < S)[None, :]
+                if CAUSAL:
+                    ok = ok & (cols[None, :] <= rows[:, None])
+                s = tl.where(ok, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            if MASK_KIND != 0:
+                # A row whose scores so far are all -inf: shift by 0 so exp2 gives 0, not NaN.
+                m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(s - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if DROPOUT:
             keep = tl.rand(seed, drop_base + rows.to(tl.int64)[:, None] * S + cols[None, :]) >= dropout_p
             p = tl.where(keep, p, 0.0)
-        if MASKED:
+        if USE_TMA:
+            v = v_src.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM_V)
+        elif MASKED:
             v = tl.load(v_ptrs, mask=(cols < S)[:, None] & (offs_ev < EV)[None, :], other=0.0)
         else:
             v = tl.load(v_ptrs, mask=(offs_ev < EV)[None, :], other=0.0)
-        if UPCAST:
-            v = v.to(tl.float32)
+        v = _operand(v, UPCAST, ROUND_TF32)
         # P rounded to v's dtype for the tensor cores (as flash attention does); fp32 stays fp32.
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+        acc = tl.dot(_operand(p.to(v.dtype), False, ROUND_TF32), v, acc, input_precision=PRECISION)
         m_i = m_new
-        k_ptrs += BLOCK_N * sk_s
-        v_ptrs += BLOCK_N * sv_s
+        if not USE_TMA:
+            k_ptrs += BLOCK_N * sk_s
+            v_ptrs += BLOCK_N * sv_s
         if MASK_KIND != 0:
             m_ptrs += BLOCK_N * sm_s
     return acc, l_i, m_i
@@ -180,7 +232,7 @@ def _fwd_sweep(acc, l_i, m_i, q, k_base, v_base, mask_base, lo, hi, rows, L, S, 
 @runtime.autotune(_all(FWD_SPACES), key=_KEY, default=INTERPRETER_CONFIG,
                   prune_configs_by={"early_config_prune": _pruner(FWD_SPACES, _smem_fwd)},
                   do_bench=runtime.tuning_bench)
-@triton.jit
+@triton.jit(do_not_specialize=_SIZES)
 def attention_fwd_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, lse_ptr, rng_ptr,
     B, Hq, L, S, E, EV, GROUP,
@@ -188,33 +240,46 @@ def attention_fwd_kernel(
     sm_b, sm_h, sm_l, sm_s, so_b, so_h, so_l, so_e,
     qk_scale, dropout_p, keep_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
-    DROPOUT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DROPOUT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, ROUND_TF32: tl.constexpr,
+    NEGATE: tl.constexpr, USE_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WARP_SPEC: tl.constexpr,
 ):
-    """o and lse of BLOCK_M query rows of head (program_id 1) of batch (program_id 2)."""
+    """o and lse of BLOCK_M query rows of head (program_id 1) of batch (program_id 2).
+
+    q_ptr, k_ptr, v_ptr are TMA descriptors of the 4-D tensors when USE_TMA. qk_scale = |scale| * log2(e);
+    NEGATE (scale < 0) negates q instead, so the running max can be taken before scaling.
+    """
     pid_m = tl.program_id(0)
     if CAUSAL:  # the longest rows first: the last wave of programs is the short one
         pid_m = tl.num_programs(0) - 1 - pid_m
     h = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-    hk = (h // GROUP).to(tl.int64)
+    b = tl.program_id(2)
+    hk = h // GROUP
     m0 = pid_m * BLOCK_M
     rows = m0 + tl.arange(0, BLOCK_M)
     offs_e = tl.arange(0, HEAD_DIM)
     offs_ev = tl.arange(0, HEAD_DIM_V)
+    b64 = b.to(tl.int64)
+    h64 = h.to(tl.int64)
 
-    q_ptrs = q_ptr + b * sq_b + h.to(tl.int64) * sq_h + rows.to(tl.int64)[:, None] * sq_l + offs_e[None, :] * sq_e
-    q = tl.load(q_ptrs, mask=(rows < L)[:, None] & (offs_e < E)[None, :], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-    k_base = k_ptr + b * sk_b + hk * sk_h
-    v_base = v_ptr + b * sv_b + hk * sv_h
-    mask_base = mask_ptr + b * sm_b + h.to(tl.int64) * sm_h + rows.to(tl.int64)[:, None] * sm_l
+    if USE_TMA:
+        q = _tile(q_ptr, b, h, m0, rows, L, sq_l, offs_e, E, sq_e, True, BLOCK_M, HEAD_DIM)
+        k_src = k_ptr
+        v_src = v_ptr
+    else:
+        q = _tile(q_ptr + b64 * sq_b + h64 * sq_h, b, h, m0, rows, L, sq_l, offs_e, E, sq_e, False,
+                  BLOCK_M, HEAD_DIM)
+        k_src = k_ptr + b64 * sk_b + hk.to(tl.int64) * sk_h
+        v_src = v_ptr + b64 * sv_b + hk.to(tl.int64) * sv_h
+    if NEGATE:
+        q = -q
+    q = _operand(q, UPCAST, ROUND_TF32)
+    mask_base = mask_ptr + b64 * sm_b + h64 * sm_h + rows.to(tl.int64)[:, None] * sm_l
     seed = 0
     drop_base = 0
     if DROPOUT:
         seed = tl.load(rng_ptr)
-        drop_base = tl.load(rng_ptr + 1) + (b * Hq + h) * L * S
+        drop_base = tl.load(rng_ptr + 1) + (b64 * Hq + h) * L * S
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -225,20 +290,22 @@ def attention_fwd_kernel(
     if CAUSAL:
         n_full = tl.minimum(n_full, ((m0 + 1) // BLOCK_N) * BLOCK_N)
         hi = tl.minimum(S, m0 + BLOCK_M)
-    acc, l_i, m_i = _fwd_sweep(acc, l_i, m_i, q, k_base, v_base, mask_base, 0, n_full, rows, L, S, E, EV,
+    acc, l_i, m_i = _fwd_sweep(acc, l_i, m_i, q, k_src, v_src, mask_base, 0, n_full, b, hk, rows, L, S, E, EV,
                                sk_s, sk_e, sv_s, sv_e, sm_s, qk_scale, seed, drop_base, dropout_p,
-                               False, CAUSAL, MASK_KIND, DROPOUT, UPCAST, PRECISION, HEAD_DIM, HEAD_DIM_V, BLOCK_N)
-    acc, l_i, m_i = _fwd_sweep(acc, l_i, m_i, q, k_base, v_base, mask_base, n_full, hi, rows, L, S, E, EV,
+                               False, CAUSAL, MASK_KIND, DROPOUT, UPCAST, PRECISION, ROUND_TF32, USE_TMA, WARP_SPEC,
+                               HEAD_DIM, HEAD_DIM_V, BLOCK_N)
+    acc, l_i, m_i = _fwd_sweep(acc, l_i, m_i, q, k_src, v_src, mask_base, n_full, hi, b, hk, rows, L, S, E, EV,
                                sk_s, sk_e, sv_s, sv_e, sm_s, qk_scale, seed, drop_base, dropout_p,
-                               True, CAUSAL, MASK_KIND, DROPOUT, UPCAST, PRECISION, HEAD_DIM, HEAD_DIM_V, BLOCK_N)
+                               True, CAUSAL, MASK_KIND, DROPOUT, UPCAST, PRECISION, ROUND_TF32, USE_TMA, False,
+                               HEAD_DIM, HEAD_DIM_V, BLOCK_N)
 
     dead = l_i == 0.0  # nothing to attend to: o = 0, lse = -inf
     inv = tl.where(dead, 0.0, keep_scale / tl.where(dead, 1.0, l_i))
     o = acc * inv[:, None]
     lse = tl.where(dead, float("-inf"), (m_i + tl.math.log2(tl.where(dead, 1.0, l_i))) * 0.6931471805599453)
-    o_ptrs = o_ptr + b * so_b + h.to(tl.int64) * so_h + rows.to(tl.int64)[:, None] * so_l + offs_ev[None, :] * so_e
+    o_ptrs = o_ptr + b64 * so_b + h64 * so_h + rows.to(tl.int64)[:, None] * so_l + offs_ev[None, :] * so_e
     tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=(rows < L)[:, None] & (offs_ev < EV)[None, :])
-    tl.store(lse_ptr + (b * Hq + h) * L + rows, lse, mask=rows < L)
+    tl.store(lse_ptr + (b64 * Hq + h) * L + rows, lse, mask=rows < L)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,27 +339,23 @@ def attention_bwd_preprocess_kernel(
 
 
 @triton.jit
-def _dkdv_sweep(dk, dv, k, v, q_base, do_base, lse_base, delta_base, mask_base, lo, hi, cols, L, S, E, EV,
+def _dkdv_sweep(dk, dv, k, v, q_src, do_src, lse_base, delta_base, mask_base, lo, hi, b, h, cols, L, S, E, EV,
                 sq_l, sq_e, sd_l, sd_e, sm_l, qk_scale, seed, drop_base, dropout_p, keep_scale,
-                MASKED: tl.constexpr, MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr,
-                UPCAST: tl.constexpr, PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr,
-                HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr):
-    """dk, dv [BLOCK_N, *] += the query blocks [lo, hi) of one head (P^T computed key-major)."""
+                MASKED: tl.constexpr, MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
+                PRECISION: tl.constexpr, ROUND_TF32: tl.constexpr, USE_TMA: tl.constexpr,
+                HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr):
+    """dk, dv [BLOCK_N, *] += the query blocks [lo, hi) of head (b, h) (P^T computed key-major)."""
     offs_m = tl.arange(0, BLOCK_M)
     offs_e = tl.arange(0, HEAD_DIM)
     offs_ev = tl.arange(0, HEAD_DIM_V)
-    rows = lo + offs_m
-    q_ptrs = q_base + rows.to(tl.int64)[:, None] * sq_l + offs_e[None, :] * sq_e
-    do_ptrs = do_base + rows.to(tl.int64)[:, None] * sd_l + offs_ev[None, :] * sd_e
     if MASK_KIND != 0:
-        m_ptrs = mask_base + rows.to(tl.int64)[None, :] * sm_l
+        m_ptrs = mask_base + (lo + offs_m).to(tl.int64)[None, :] * sm_l
         col_ok = (cols < S)[:, None]
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
         row_ok = rows < L
-        q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_e < E)[None, :], other=0.0)
-        if UPCAST:
-            q = q.to(tl.float32)
+        q = _operand(_tile(q_src, b, h, start_m, rows, L, sq_l, offs_e, E, sq_e, USE_TMA, BLOCK_M, HEAD_DIM),
+                     UPCAST, ROUND_TF32)
         # Rows past L and empty rows read lse = +inf: their P is 0, so they add nothing.
         lse = tl.load(lse_base + rows, mask=row_ok, other=float("inf"))
         lse = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
@@ -304,9 +367,8 @@ def _dkdv_sweep(dk, dv, k, v, q_base, do_base, lse_base, delta_base, mask_base, 
         if MASKED:
             s_t = tl.where(rows[None, :] >= cols[:, None], s_t, float("-inf"))
         p_t = tl.math.exp2(s_t - lse[None, :])
-        do = tl.load(do_ptrs, mask=row_ok[:, None] & (offs_ev < EV)[None, :], other=0.0)
-        if UPCAST:
-            do = do.to(tl.float32)
+        do = _operand(_tile(do_src, b, h, start_m, rows, L, sd_l, offs_ev, EV, sd_e, USE_TMA, BLOCK_M, HEAD_DIM_V),
+                      UPCAST, ROUND_TF32)
         delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
         dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         if DROPOUT:
@@ -315,11 +377,9 @@ def _dkdv_sweep(dk, dv, k, v, q_base, do_base, lse_base, delta_base, mask_base, 
             dp_t = tl.where(keep, dp_t * keep_scale, 0.0)
         else:
             pd_t = p_t
-        dv = tl.dot(pd_t.to(do.dtype), do, dv, input_precision=PRECISION)
+        dv = tl.dot(_operand(pd_t.to(do.dtype), False, ROUND_TF32), do, dv, input_precision=PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
-        q_ptrs += BLOCK_M * sq_l
-        do_ptrs += BLOCK_M * sd_l
+        dk = tl.dot(_operand(ds_t.to(q.dtype), False, ROUND_TF32), q, dk, input_precision=PRECISION)
         if MASK_KIND != 0:
             m_ptrs += BLOCK_M * sm_l
     return dk, dv
@@ -328,7 +388,7 @@ def _dkdv_sweep(dk, dv, k, v, q_base, do_base, lse_base, delta_base, mask_base, 
 @runtime.autotune(_all(DKDV_SPACES), key=_KEY, default=INTERPRETER_CONFIG,
                   prune_configs_by={"early_config_prune": _pruner(DKDV_SPACES, _smem_dkdv)},
                   do_bench=runtime.tuning_bench)
-@triton.jit
+@triton.jit(do_not_specialize=_SIZES)
 def attention_bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, rng_ptr,
     B, Hq, L, S, E, EV, GROUP,
@@ -337,25 +397,33 @@ def attention_bwd_dkdv_kernel(
     sdk_b, sdk_h, sdk_s, sdk_e, sdv_b, sdv_h, sdv_s, sdv_e,
     qk_scale, scale, dropout_p, keep_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
-    DROPOUT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DROPOUT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, ROUND_TF32: tl.constexpr,
+    NEGATE: tl.constexpr, USE_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WARP_SPEC: tl.constexpr,
 ):
     """dk, dv of BLOCK_N keys of kv head (program_id 1), summed over the GROUP q heads that read it."""
     n0 = tl.program_id(0) * BLOCK_N
-    hk = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
+    hk = tl.program_id(1)
+    b = tl.program_id(2)
+    b64 = b.to(tl.int64)
+    hk64 = hk.to(tl.int64)
     cols = n0 + tl.arange(0, BLOCK_N)
     offs_e = tl.arange(0, HEAD_DIM)
     offs_ev = tl.arange(0, HEAD_DIM_V)
     c64 = cols.to(tl.int64)[:, None]
     col_ok = (cols < S)[:, None]
-    k = tl.load(k_ptr + b * sk_b + hk * sk_h + c64 * sk_s + offs_e[None, :] * sk_e,
-                mask=col_ok & (offs_e < E)[None, :], other=0.0)
-    v = tl.load(v_ptr + b * sv_b + hk * sv_h + c64 * sv_s + offs_ev[None, :] * sv_e,
-                mask=col_ok & (offs_ev < EV)[None, :], other=0.0)
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
+    if USE_TMA:
+        k_src = k_ptr
+        v_src = v_ptr
+    else:
+        k_src = k_ptr + b64 * sk_b + hk64 * sk_h
+        v_src = v_ptr + b64 * sv_b + hk64 * sv_h
+    k = _tile(k_src, b, hk, n0, cols, S, sk_s, offs_e, E, sk_e, USE_TMA, BLOCK_N, HEAD_DIM)
+    if NEGATE:  # s = |scale| * (-k) . q
+        k = -k
+    k = _operand(k, UPCAST, ROUND_TF32)
+    v = _operand(_tile(v_src, b, hk, n0, cols, S, sv_s, offs_ev, EV, sv_e, USE_TMA, BLOCK_N, HEAD_DIM_V),
+                 UPCAST, ROUND_TF32)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_V], tl.float32)
     # Causal: query blocks before the one holding row n0 see none of these keys; those up to
@@ -372,54 +440,53 @@ def attention_bwd_dkdv_kernel(
         drop_root = tl.load(rng_ptr + 1)
     for g in range(GROUP):
         h = hk * GROUP + g
-        q_base = q_ptr + b * sq_b + h * sq_h
-        do_base = do_ptr + b * sd_b + h * sd_h
-        lse_base = lse_ptr + (b * Hq + h) * L
-        delta_base = delta_ptr + (b * Hq + h) * L
-        mask_base = mask_ptr + b * sm_b + h * sm_h + c64 * sm_s
-        drop_base = drop_root + (b * Hq + h) * L * S
+        h64 = h.to(tl.int64)
+        if USE_TMA:
+            q_src = q_ptr
+            do_src = do_ptr
+        else:
+            q_src = q_ptr + b64 * sq_b + h64 * sq_h
+            do_src = do_ptr + b64 * sd_b + h64 * sd_h
+        lse_base = lse_ptr + (b64 * Hq + h) * L
+        delta_base = delta_ptr + (b64 * Hq + h) * L
+        mask_base = mask_ptr + b64 * sm_b + h64 * sm_h + c64 * sm_s
+        drop_base = drop_root + (b64 * Hq + h) * L * S
         if CAUSAL:
-            dk, dv = _dkdv_sweep(dk, dv, k, v, q_base, do_base, lse_base, delta_base, mask_base, m_start, m_full,
-                                 cols, L, S, E, EV, sq_l, sq_e, sd_l, sd_e, sm_l, qk_scale, seed, drop_base,
-                                 dropout_p, keep_scale, True, MASK_KIND, DROPOUT, UPCAST, PRECISION,
-                                 HEAD_DIM, HEAD_DIM_V, BLOCK_M)
-        dk, dv = _dkdv_sweep(dk, dv, k, v, q_base, do_base, lse_base, delta_base, mask_base, m_full, L,
-                             cols, L, S, E, EV, sq_l, sq_e, sd_l, sd_e, sm_l, qk_scale, seed, drop_base,
-                             dropout_p, keep_scale, False, MASK_KIND, DROPOUT, UPCAST, PRECISION,
-                             HEAD_DIM, HEAD_DIM_V, BLOCK_M)
-    tl.store(dk_ptr + b * sdk_b + hk * sdk_h + c64 * sdk_s + offs_e[None, :] * sdk_e,
+            dk, dv = _dkdv_sweep(dk, dv, k, v, q_src, do_src, lse_base, delta_base, mask_base, m_start, m_full,
+                                 b, h, cols, L, S, E, EV, sq_l, sq_e, sd_l, sd_e, sm_l, qk_scale, seed, drop_base,
+                                 dropout_p, keep_scale, True, MASK_KIND, DROPOUT, UPCAST, PRECISION, ROUND_TF32,
+                                 USE_TMA, HEAD_DIM, HEAD_DIM_V, BLOCK_M)
+        dk, dv = _dkdv_sweep(dk, dv, k, v, q_src, do_src, lse_base, delta_base, mask_base, m_full, L,
+                             b, h, cols, L, S, E, EV, sq_l, sq_e, sd_l, sd_e, sm_l, qk_scale, seed, drop_base,
+                             dropout_p, keep_scale, False, MASK_KIND, DROPOUT, UPCAST, PRECISION, ROUND_TF32,
+                             USE_TMA, HEAD_DIM, HEAD_DIM_V, BLOCK_M)
+    tl.store(dk_ptr + b64 * sdk_b + hk64 * sdk_h + c64 * sdk_s + offs_e[None, :] * sdk_e,
              (dk * scale).to(dk_ptr.dtype.element_ty), mask=col_ok & (offs_e < E)[None, :])
-    tl.store(dv_ptr + b * sdv_b + hk * sdv_h + c64 * sdv_s + offs_ev[None, :] * sdv_e,
+    tl.store(dv_ptr + b64 * sdv_b + hk64 * sdv_h + c64 * sdv_s + offs_ev[None, :] * sdv_e,
              dv.to(dv_ptr.dtype.element_ty), mask=col_ok & (offs_ev < EV)[None, :])
 
 
 @triton.jit
-def _dq_sweep(dq, q, do, lse, delta, k_base, v_base, mask_base, lo, hi, rows, L, S, E, EV,
+def _dq_sweep(dq, q, do, lse, delta, k_src, v_src, mask_base, lo, hi, b, hk, rows, L, S, E, EV,
               sk_s, sk_e, sv_s, sv_e, sm_s, qk_scale, seed, drop_base, dropout_p, keep_scale,
               MASKED: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr,
-              UPCAST: tl.constexpr, PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr,
-              HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr):
+              UPCAST: tl.constexpr, PRECISION: tl.constexpr, ROUND_TF32: tl.constexpr, USE_TMA: tl.constexpr,
+              HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr):
     """dq [BLOCK_M, HEAD_DIM] += the key blocks [lo, hi)."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_e = tl.arange(0, HEAD_DIM)
     offs_ev = tl.arange(0, HEAD_DIM_V)
-    cols = lo + offs_n
-    k_ptrs = k_base + cols.to(tl.int64)[:, None] * sk_s + offs_e[None, :] * sk_e
-    v_ptrs = v_base + cols.to(tl.int64)[:, None] * sv_s + offs_ev[None, :] * sv_e
     if MASK_KIND != 0:
-        m_ptrs = mask_base + cols.to(tl.int64)[None, :] * sm_s
+        m_ptrs = mask_base + (lo + offs_n).to(tl.int64)[None, :] * sm_s
         row_ok = (rows < L)[:, None]
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        if MASKED:
-            k = tl.load(k_ptrs, mask=(cols < S)[:, None] & (offs_e < E)[None, :], other=0.0)
-            v = tl.load(v_ptrs, mask=(cols < S)[:, None] & (offs_ev < EV)[None, :], other=0.0)
-        else:
-            k = tl.load(k_ptrs, mask=(offs_e < E)[None, :], other=0.0)
-            v = tl.load(v_ptrs, mask=(offs_ev < EV)[None, :], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        # Unmasked blocks lie inside S: the bound check on their loads folds away only for TMA,
+        # so the pointer loads keep it (cheap next to the two dots).
+        k = _operand(_tile(k_src, b, hk, start_n, cols, S, sk_s, offs_e, E, sk_e, USE_TMA, BLOCK_N, HEAD_DIM),
+                     UPCAST, ROUND_TF32)
+        v = _operand(_tile(v_src, b, hk, start_n, cols, S, sv_s, offs_ev, EV, sv_e, USE_TMA, BLOCK_N, HEAD_DIM_V),
+                     UPCAST, ROUND_TF32)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         if MASK_KIND == 1:
             s = tl.where(tl.load(m_ptrs, mask=row_ok & (cols < S)[None, :], other=0) != 0, s, float("-inf"))
@@ -437,9 +504,7 @@ def _dq_sweep(dq, q, do, lse, delta, k_base, v_base, mask_base, lo, hi, rows, L,
             keep = tl.rand(seed, drop_base + rows.to(tl.int64)[:, None] * S + cols[None, :]) >= dropout_p
             dp = tl.where(keep, dp * keep_scale, 0.0)
         ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
-        k_ptrs += BLOCK_N * sk_s
-        v_ptrs += BLOCK_N * sv_s
+        dq = tl.dot(_operand(ds.to(k.dtype), False, ROUND_TF32), k, dq, input_precision=PRECISION)
         if MASK_KIND != 0:
             m_ptrs += BLOCK_N * sm_s
     return dq
@@ -448,7 +513,7 @@ def _dq_sweep(dq, q, do, lse, delta, k_base, v_base, mask_base, lo, hi, rows, L,
 @runtime.autotune(_all(DQ_SPACES), key=_KEY, default=INTERPRETER_CONFIG,
                   prune_configs_by={"early_config_prune": _pruner(DQ_SPACES, _smem_dq)},
                   do_bench=runtime.tuning_bench)
-@triton.jit
+@triton.jit(do_not_specialize=_SIZES)
 def attention_bwd_dq_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, rng_ptr,
     B, Hq, L, S, E, EV, GROUP,
@@ -456,16 +521,18 @@ def attention_bwd_dq_kernel(
     sm_b, sm_h, sm_l, sm_s, sd_b, sd_h, sd_l, sd_e, sdq_b, sdq_h, sdq_l, sdq_e,
     qk_scale, scale, dropout_p, keep_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
-    DROPOUT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DROPOUT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, ROUND_TF32: tl.constexpr,
+    NEGATE: tl.constexpr, USE_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WARP_SPEC: tl.constexpr,
 ):
     """dq of BLOCK_M query rows of head (program_id 1) of batch (program_id 2)."""
     pid_m = tl.program_id(0)
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m
     h = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-    hk = (h // GROUP).to(tl.int64)
+    b = tl.program_id(2)
+    hk = h // GROUP
+    b64 = b.to(tl.int64)
     h64 = h.to(tl.int64)
     m0 = pid_m * BLOCK_M
     rows = m0 + tl.arange(0, BLOCK_M)
@@ -473,48 +540,83 @@ def attention_bwd_dq_kernel(
     r64 = rows.to(tl.int64)[:, None]
     offs_e = tl.arange(0, HEAD_DIM)
     offs_ev = tl.arange(0, HEAD_DIM_V)
-    q = tl.load(q_ptr + b * sq_b + h64 * sq_h + r64 * sq_l + offs_e[None, :] * sq_e,
-                mask=row_ok[:, None] & (offs_e < E)[None, :], other=0.0)
-    do = tl.load(do_ptr + b * sd_b + h64 * sd_h + r64 * sd_l + offs_ev[None, :] * sd_e,
-                 mask=row_ok[:, None] & (offs_ev < EV)[None, :], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-        do = do.to(tl.float32)
-    lse = tl.load(lse_ptr + (b * Hq + h) * L + rows, mask=row_ok, other=float("inf"))
+    if USE_TMA:
+        q_src = q_ptr
+        do_src = do_ptr
+        k_src = k_ptr
+        v_src = v_ptr
+    else:
+        q_src = q_ptr + b64 * sq_b + h64 * sq_h
+        do_src = do_ptr + b64 * sd_b + h64 * sd_h
+        k_src = k_ptr + b64 * sk_b + hk.to(tl.int64) * sk_h
+        v_src = v_ptr + b64 * sv_b + hk.to(tl.int64) * sv_h
+    q = _tile(q_src, b, h, m0, rows, L, sq_l, offs_e, E, sq_e, USE_TMA, BLOCK_M, HEAD_DIM)
+    if NEGATE:
+        q = -q
+    q = _operand(q, UPCAST, ROUND_TF32)
+    do = _operand(_tile(do_src, b, h, m0, rows, L, sd_l, offs_ev, EV, sd_e, USE_TMA, BLOCK_M, HEAD_DIM_V),
+                  UPCAST, ROUND_TF32)
+    lse = tl.load(lse_ptr + (b64 * Hq + h) * L + rows, mask=row_ok, other=float("inf"))
     lse = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
-    delta = tl.load(delta_ptr + (b * Hq + h) * L + rows, mask=row_ok, other=0.0)
-    k_base = k_ptr + b * sk_b + hk * sk_h
-    v_base = v_ptr + b * sv_b + hk * sv_h
-    mask_base = mask_ptr + b * sm_b + h64 * sm_h + r64 * sm_l
+    delta = tl.load(delta_ptr + (b64 * Hq + h) * L + rows, mask=row_ok, other=0.0)
+    mask_base = mask_ptr + b64 * sm_b + h64 * sm_h + r64 * sm_l
     seed = 0
     drop_base = 0
     if DROPOUT:
         seed = tl.load(rng_ptr)
-        drop_base = tl.load(rng_ptr + 1) + (b * Hq + h) * L * S
+        drop_base = tl.load(rng_ptr + 1) + (b64 * Hq + h) * L * S
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     n_full = (S // BLOCK_N) * BLOCK_N
     hi = S
     if CAUSAL:
         n_full = tl.minimum(n_full, ((m0 + 1) // BLOCK_N) * BLOCK_N)
         hi = tl.minimum(S, m0 + BLOCK_M)
-    dq = _dq_sweep(dq, q, do, lse, delta, k_base, v_base, mask_base, 0, n_full, rows, L, S, E, EV,
+    dq = _dq_sweep(dq, q, do, lse, delta, k_src, v_src, mask_base, 0, n_full, b, hk, rows, L, S, E, EV,
                    sk_s, sk_e, sv_s, sv_e, sm_s, qk_scale, seed, drop_base, dropout_p, keep_scale,
-                   False, CAUSAL, MASK_KIND, DROPOUT, UPCAST, PRECISION, HEAD_DIM, HEAD_DIM_V, BLOCK_N)
-    dq = _dq_sweep(dq, q, do, lse, delta, k_base, v_base, mask_base, n_full, hi, rows, L, S, E, EV,
+                   False, CAUSAL, MASK_KIND, DROPOUT, UPCAST, PRECISION, ROUND_TF32, USE_TMA,
+                   HEAD_DIM, HEAD_DIM_V, BLOCK_N)
+    dq = _dq_sweep(dq, q, do, lse, delta, k_src, v_src, mask_base, n_full, hi, b, hk, rows, L, S, E, EV,
                    sk_s, sk_e, sv_s, sv_e, sm_s, qk_scale, seed, drop_base, dropout_p, keep_scale,
-                   True, CAUSAL, MASK_KIND, DROPOUT, UPCAST, PRECISION, HEAD_DIM, HEAD_DIM_V, BLOCK_N)
-    tl.store(dq_ptr + b * sdq_b + h64 * sdq_h + r64 * sdq_l + offs_e[None, :] * sdq_e,
+                   True, CAUSAL, MASK_KIND, DROPOUT, UPCAST, PRECISION, ROUND_TF32, USE_TMA,
+                   HEAD_DIM, HEAD_DIM_V, BLOCK_N)
+    tl.store(dq_ptr + b64 * sdq_b + h64 * sdq_h + r64 * sdq_l + offs_e[None, :] * sdq_e,
              (dq * scale).to(dq_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_e < E)[None, :])
 
 
 # ---------------------------------------------------------------------------------------------
 # launchers
 # ---------------------------------------------------------------------------------------------
+TMA = True  # off: pointer loads everywhere (A/B comparisons, tests of the pointer path)
+
+
 def _head_dim(e: int) -> int:
     return max(16, triton.next_power_of_2(e))
 
 
-def _common(q, k, v, mask, dropout_p, rng_state, precision):
+def _descriptor(t: torch.Tensor):
+    """A 4-D TMA descriptor over t [B, H, rows, E] (box set per config), or None where TMA cannot read
+    it: the last dim unit-stride, the base and the other strides 16-byte aligned."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    size = t.element_size()
+    # A size-1 dim's stride is never stepped: give it an aligned one.
+    strides = [st if n != 1 else 16 for n, st in zip(t.shape, t.stride())]
+    if strides[-1] != 1 and t.shape[-1] != 1 or t.data_ptr() % 16 or any(st * size % 16 for st in strides[:-1]):
+        return None
+    strides[-1] = 1
+    return TensorDescriptor(t, list(t.shape), strides, [1, 1, 16, 16])
+
+
+def _sources(*tensors: torch.Tensor) -> tuple[list, bool]:
+    """The tensors as TMA descriptors when every one allows it (and TMA exists here), else the tensors."""
+    if TMA and (runtime.is_interpreter() or _tma_sms(tensors[0].device) > 0):
+        descs = [_descriptor(t) for t in tensors]
+        if all(d is not None for d in descs):
+            return descs, True
+    return list(tensors), False
+
+
+def _common(q, k, v, mask, scale, dropout_p, rng_state, precision):
     """Kernel arguments shared by the forward and backward launches."""
     B, Hq, L, E = q.shape
     Hkv, S, Ev = k.shape[1], k.shape[2], v.shape[3]
@@ -525,9 +627,10 @@ def _common(q, k, v, mask, dropout_p, rng_state, precision):
         if mask.dtype == torch.bool:  # read as bytes (the same strides)
             mask = mask.view(torch.uint8)
     dropout = dropout_p > 0.0
+    precision = precision if q.dtype == torch.float32 else "ieee"
     consts = dict(HEAD_DIM=_head_dim(E), HEAD_DIM_V=_head_dim(Ev), MASK_KIND=mask_kind, DROPOUT=dropout,
-                  UPCAST=runtime.is_interpreter() and q.element_size() == 2,
-                  PRECISION=precision if q.dtype == torch.float32 else "ieee")
+                  UPCAST=runtime.is_interpreter() and q.element_size() == 2, PRECISION=precision,
+                  ROUND_TF32=precision == "tf32" and not runtime.is_interpreter(), NEGATE=scale < 0)
     rng = rng_state if dropout else q
     keep_scale = 1.0 / (1.0 - dropout_p) if dropout else 1.0
     return (B, Hq, L, S, E, Ev, Hq // Hkv), mask, sm, rng, keep_scale, consts
@@ -541,17 +644,18 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     q [B, Hq, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev], mask None or [B, Hq, L, S] (bool or float,
     stride-0 dims allowed); o's memory is [B, L, Hq, Ev], so o.transpose(1, 2) merges heads for free.
     """
-    sizes, mask, sm, rng, keep_scale, consts = _common(q, k, v, mask, dropout_p, rng_state, precision)
+    sizes, mask, sm, rng, keep_scale, consts = _common(q, k, v, mask, scale, dropout_p, rng_state, precision)
     B, Hq, L, S, E, Ev, group = sizes
     o = torch.empty(B, L, Hq, Ev, dtype=q.dtype, device=q.device).transpose(1, 2)
     lse = torch.empty(B, Hq, L, dtype=torch.float32, device=q.device)
     if o.numel() == 0:
         return o, lse.fill_(float("-inf"))
+    (qs, ks, vs), use_tma = _sources(q, k, v)
     grid = lambda meta: (cdiv(L, meta["BLOCK_M"]), Hq, B)  # noqa: E731
     attention_fwd_kernel[grid](
-        q, k, v, mask, o, lse, rng, B, Hq, L, S, E, Ev, group,
+        qs, ks, vs, mask, o, lse, rng, B, Hq, L, S, E, Ev, group,
         *q.stride(), *k.stride(), *v.stride(), *sm, *o.stride(),
-        float(scale) * LOG2E, float(dropout_p), keep_scale, CAUSAL=bool(is_causal), **consts)
+        abs(float(scale)) * LOG2E, float(dropout_p), keep_scale, CAUSAL=bool(is_causal), USE_TMA=use_tma, **consts)
     return o, lse
 
 
@@ -563,7 +667,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
 
     Deterministic: each dk/dv program sums the Hq // Hkv query heads of its kv head in a fixed order.
     """
-    sizes, mask, sm, rng, keep_scale, consts = _common(q, k, v, mask, dropout_p, rng_state, precision)
+    sizes, mask, sm, rng, keep_scale, consts = _common(q, k, v, mask, scale, dropout_p, rng_state, precision)
     B, Hq, L, S, E, Ev, group = sizes
     Hkv = k.shape[1]
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -574,13 +678,14 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     delta = torch.empty(B, Hq, L, dtype=torch.float32, device=q.device)
     attention_bwd_preprocess_kernel[lambda meta: (cdiv(L, meta["BLOCK_M"]), Hq, B)](
         o, do, delta, B, Hq, L, Ev, *o.stride(), *do.stride(), HEAD_DIM_V=consts["HEAD_DIM_V"])
-    scalars = (float(scale) * LOG2E, float(scale), float(dropout_p), keep_scale)
+    (qs, ks, vs, dos), use_tma = _sources(q, k, v, do)
+    scalars = (abs(float(scale)) * LOG2E, float(scale), float(dropout_p), keep_scale)
     attention_bwd_dkdv_kernel[lambda meta: (cdiv(S, meta["BLOCK_N"]), Hkv, B)](
-        q, k, v, mask, do, lse, delta, dk, dv, rng, B, Hq, L, S, E, Ev, group,
+        qs, ks, vs, mask, dos, lse, delta, dk, dv, rng, B, Hq, L, S, E, Ev, group,
         *q.stride(), *k.stride(), *v.stride(), *sm, *do.stride(), *dk.stride(), *dv.stride(),
-        *scalars, CAUSAL=bool(is_causal), **consts)
+        *scalars, CAUSAL=bool(is_causal), USE_TMA=use_tma, **consts)
     attention_bwd_dq_kernel[lambda meta: (cdiv(L, meta["BLOCK_M"]), Hq, B)](
-        q, k, v, mask, do, lse, delta, dq, rng, B, Hq, L, S, E, Ev, group,
+        qs, ks, vs, mask, dos, lse, delta, dq, rng, B, Hq, L, S, E, Ev, group,
         *q.stride(), *k.stride(), *v.stride(), *sm, *do.stride(), *dq.stride(),
-        *scalars, CAUSAL=bool(is_causal), **consts)
+        *scalars, CAUSAL=bool(is_causal), USE_TMA=use_tma, **consts)
     return dq, dk, dv
