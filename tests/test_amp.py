@@ -12,7 +12,7 @@ import ge2
 import ge2.nn.functional as F
 from ge2 import graphs
 from ge2.amp import autocast_mode
-from ge2.testing import record_torch_ops, torch_op_guard
+from ge2.testing import MEMORY_OPS, record_torch_ops, torch_op_guard
 from numerics import DEVICE, assert_matches, randn
 
 BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
@@ -90,8 +90,9 @@ OPS = [
 ]
 
 
-# ops given inputs of two floating dtypes (outside autocast ge2 refuses some and types others by the first)
-MIXED = ("matmul_mixed", "cat", "stack", "mse_loss", "bce_with_logits", "add_mixed", "where")
+# ops given inputs of two floating dtypes: outside autocast ge2 refuses some and types others by the
+# first; torch refuses others (CUDA layer_norm with a bf16 input and fp32 weights)
+MIXED = ("matmul_mixed", "cat", "stack", "mse_loss", "bce_with_logits", "add_mixed", "where", "layer_norm")
 
 
 @pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")  # torch's CPU rms_norm
@@ -161,7 +162,8 @@ def test_model_outputs_and_grads_match_torch_autocast(dtype):
     rloss.backward()
 
     assert_matches(out.data, rout, tout, name="output")
-    assert_matches(loss.data, rloss, tloss, name="loss")
+    # the loss is one number (its error vs torch's is noise): it must be the fp32 mse of ge2's own output
+    assert_matches(loss.data, TF.mse_loss(out.data.double(), target.double()), name="loss")
     assert gx.grad.dtype == FP32 and all(gp[k].grad.dtype == FP32 for k in gp)
     assert_matches(gx.grad.data, rx.grad, tx.grad, name="dx")
     for k in params:
@@ -386,7 +388,9 @@ def test_grad_scaler_step_has_no_host_sync():
         opt.zero_grad()
 
     train_step()  # a warm-up step, as ge2.capture runs before it captures
-    with graphs._recorded(graphs._Recording(capturing=True)), torch_op_guard() as ops:
+    # a capture copies the optimizer's address tables from pinned memory: pinning is no arithmetic
+    pinning = frozenset({"pin_memory", "_pin_memory", "is_pinned"})
+    with graphs._recorded(graphs._Recording(capturing=True)), torch_op_guard(MEMORY_OPS | pinning) as ops:
         train_step()  # Tensor.item() would raise CaptureError here
     reads = {name for name in ops if name in ("_local_scalar_dense", "item", "is_nonzero", "equal")}
     assert not reads, f"host reads in a GradScaler step: {reads}"
