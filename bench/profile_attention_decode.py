@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -39,12 +40,31 @@ BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTEN
 
 
 def ms(fn, rep: int = 100) -> float:
+    """do_bench median: CUDA events around each call, so a host slower than the kernel shows."""
     return float(triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median"))
+
+
+def graph_ms(fn, rep: int = 100) -> float:
+    """Median of CUDA-graph replays of fn: the kernels' time, as a captured decode step sees it."""
+    fn()
+    return float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+
+
+def host_us(fn, n: int = 200) -> float:
+    """Host time per call of fn, back to back (no sync inside)."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    return t
 
 
 def copy_bandwidth() -> float:
     """Bytes/s of a 2 GiB device-to-device copy (read + write counted)."""
-    a = torch.empty(1 << 30, dtype=torch.uint16, device="cuda").random_()
+    a = torch.randn(1 << 30, dtype=torch.bfloat16, device="cuda")
     b = torch.empty_like(a)
     t = ms(lambda: b.copy_(a))
     return 2 * 2 * (1 << 30) / (t * 1e-3)
@@ -80,6 +100,11 @@ def save(results: dict) -> None:
         Path(os.environ["OUT"], "attention_decode.json").write_text(text)
 
 
+def timed(fn, rep: int = 100) -> tuple[float, float]:
+    """(do_bench median, CUDA-graph replay median) in ms."""
+    return ms(fn, rep), graph_ms(fn, rep)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="skip the chunk sweep and the flash comparison")
@@ -89,8 +114,10 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e12:.2f} TB/s, {sms} SMs", flush=True)
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                "copy_TBps": bw / 1e12, "rows": [], "sweep": [], "vs_flash": []}
-    print("(B, Hq, Hkv, L, S, E) bf16   | err ge2 / torch | splits | predicted us | ge2 us  GB/s | " +
-          " | ".join(f"{n:>9s} us ratio" for n in BACKENDS), flush=True)
+    print("times in us: do_bench median / CUDA-graph replay median; ratio = torch / ge2 (graph times); "
+          "GB/s of k + v + q + o at the graph time", flush=True)
+    print("(B, Hq, Hkv, L, S, E) bf16   | err ge2 / torch | splits | predicted | ge2 host us | ge2         GB/s | " +
+          " | ".join(f"{n:>16s} ratio" for n in BACKENDS if n != "math") + " |  math", flush=True)
     for shape in SHAPES:
         B, Hq, Hkv, L, S, E = shape
         q, k, v = make(*shape)
@@ -108,26 +135,32 @@ def main() -> None:
         err, terr = rel(o[:1], ref), rel(tout, ref)
         assert err <= max(2 * terr, 1e-2), f"{shape}: ge2 error {err:.2e} vs torch's {terr:.2e}"
         row = {"shape": shape, "kv_MB": kv_bytes / 1e6, "io_MB": io_bytes / 1e6, "predicted_ms": predicted,
-               "splits": splits, "err": err, "torch_err": terr, "ge2_ms": ms(ge2_fn(q, k, v))}
+               "splits": splits, "err": err, "torch_err": terr, "ge2_host_us": host_us(ge2_fn(q, k, v))}
+        row["ge2_ms"], row["ge2_graph_ms"] = g, gg = timed(ge2_fn(q, k, v))
         cells = []
         for name, backend in BACKENDS.items():
             try:
                 torch_fn(q, k, v, backend)()
-                t = row[name + "_ms"] = ms(torch_fn(q, k, v, backend))
-                cells.append(f"{t * 1e3:12.1f} {t / row['ge2_ms']:5.2f}")
+                if name == "math":  # 10x slower: one do_bench, no graph
+                    row["math_ms"] = t = ms(torch_fn(q, k, v, backend), rep=50)
+                    cells.append(f"{t * 1e3:6.0f}")
+                    continue
+                row[name + "_ms"], row[name + "_graph_ms"] = t, tg = timed(torch_fn(q, k, v, backend))
+                cells.append(f"{t * 1e3:7.1f} /{tg * 1e3:7.1f} {tg / gg:5.2f}")
             except RuntimeError as e:
                 row[name + "_ms"] = None
                 row[name + "_error"] = str(e).strip().splitlines()[0][:120]
-                cells.append(f"{'n/a':>18s}")
+                cells.append(f"{'n/a':>22s}")
         results["rows"].append(row)
-        print(f"{str(shape):29s}| {err:.1e} {terr:.1e} | {splits:6d} | {predicted * 1e3:12.1f} | "
-              f"{row['ge2_ms'] * 1e3:6.1f} {io_bytes / row['ge2_ms'] / 1e6:5.0f} | " + " | ".join(cells), flush=True)
+        print(f"{str(shape):29s}| {err:.1e} {terr:.1e} | {splits:6d} | {predicted * 1e3:9.1f} | "
+              f"{row['ge2_host_us']:11.1f} | {g * 1e3:6.1f} /{gg * 1e3:6.1f} {io_bytes / gg / 1e6:5.0f} | "
+              + " | ".join(cells), flush=True)
         del q, k, v, o
         save(results)
     if args.quick:
         return
 
-    print("\nchunk count sweep (the launcher's choice marked *): us, GB/s", flush=True)
+    print("\nchunk count sweep, CUDA-graph us and GB/s (the launcher's choice marked *)", flush=True)
     for shape in SHAPES:
         B, Hq, Hkv, L, S, E = shape
         q, k, v = make(*shape)
@@ -135,27 +168,28 @@ def main() -> None:
         block_m, m_blocks, chosen, _ = D.plan(B, Hq, Hkv, L, S, E, q.device)
         units = B * Hkv * m_blocks
         line = []
-        for n in (1, 2, 4, 8, 16, 32, 64, 128):
-            if n > cdiv(S, 256) or n * units > 32 * sms:
+        for n in sorted({1, 2, 4, 8, 16, 32, 64, chosen}):
+            if n > cdiv(S, 256) or n * units > 16 * sms:
                 continue
-            t = ms(ge2_fn(q, k, v, n), rep=40)
-            results["sweep"].append({"shape": shape, "splits": n, "programs": n * units, "ms": t})
+            t = graph_ms(ge2_fn(q, k, v, n), rep=40)
+            results["sweep"].append({"shape": shape, "splits": n, "programs": n * units, "graph_ms": t})
             line.append(f"{n}{'*' if n == chosen else ''}: {t * 1e3:.1f} {io_bytes / t / 1e6:.0f}")
         print(f"  {shape} ({units} programs a chunk): " + ", ".join(line), flush=True)
         del q, k, v
         save(results)
 
     from ge2.kernels import attention as K
-    print("\ndecode vs ge2's flash forward (bf16, E 128, no mask): us", flush=True)
+    print("\ndecode vs ge2's flash forward (bf16, E 128, no mask): do_bench / CUDA-graph us", flush=True)
     for (B, Hq, Hkv, L) in ((8, 32, 8, 1), (8, 32, 8, 16), (32, 32, 32, 1), (1, 8, 8, 16)):
         for S in (16, 64, 256, 1024, 4096):
             q, k, v = make(B, Hq, Hkv, L, S, 128)
-            dec = ms(ge2_fn(q, k, v), rep=40)
-            fl = ms(lambda: K.attention_forward(q, k, v, None, scale=128 ** -0.5, is_causal=False, dropout_p=0.0,
-                                                rng_state=None, precision="ieee"), rep=40)
+            dec = timed(ge2_fn(q, k, v), rep=40)
+            fl = timed(lambda: K.attention_forward(q, k, v, None, scale=128 ** -0.5, is_causal=False, dropout_p=0.0,
+                                                   rng_state=None, precision="ieee"), rep=40)
             results["vs_flash"].append({"shape": (B, Hq, Hkv, L, S, 128), "decode_ms": dec, "flash_ms": fl})
-            print(f"  B {B:2d} Hq {Hq} Hkv {Hkv:2d} L {L:2d} S {S:5d}: decode {dec * 1e3:7.1f}  flash {fl * 1e3:7.1f}"
-                  f"  flash/decode {fl / dec:5.2f}", flush=True)
+            print(f"  B {B:2d} Hq {Hq} Hkv {Hkv:2d} L {L:2d} S {S:5d}: decode {dec[0] * 1e3:7.1f} /{dec[1] * 1e3:7.1f}"
+                  f"  flash {fl[0] * 1e3:7.1f} /{fl[1] * 1e3:7.1f}  flash/decode (graph) {fl[1] / dec[1]:5.2f}",
+                  flush=True)
         save(results)
 
 

@@ -34,9 +34,9 @@ MAX_ROWS = 16  # the most query rows L for which prefers_decode takes this kerne
 # The fewest keys worth a program of their own: below it the combine and the programs' start-up
 # cost more than the extra parallelism gives. Chunks are multiples of it, so of every BLOCK_N.
 MIN_CHUNK = 256
-# Programs the split aims for per SM: two resident programs per SM keep enough loads in flight to
-# saturate HBM, and several waves even out the programs' differing finishing times.
-PROGRAMS_PER_SM = 4
+# Programs the split aims for per SM: one wave of long chunks. Measured on the H100 (bench/
+# profile_attention_decode.py): more, shorter chunks only add partial outputs and start-up work.
+PROGRAMS_PER_SM = 1
 # Below this many keys (x the q heads of a kv head) the flash forward is as fast: see prefers_decode.
 PREFER_MIN_S = 1
 ACC_ELEMENTS = 16384  # BLOCK_M * EV_PAD cap: the fp32 accumulator stays in registers
@@ -47,8 +47,11 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
 
+# (BLOCK_N, warps, stages). 8 warps for the 64-row tiles (4 q heads x 16 rows): at 4 warps their
+# fp32 scores and accumulator take all 255 registers a thread may have, one program per SM.
 CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s)
-           for n, w, s in ((64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (128, 8, 3), (32, 4, 4))]
+           for n, w, s in ((64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (32, 4, 4),
+                           (64, 8, 3), (128, 8, 2), (128, 8, 3), (32, 8, 4))]
 DEFAULT_CONFIG = CONFIGS[3]  # BLOCK_N 128: few loop trips, which is what the interpreter's time goes by
 
 
