@@ -163,6 +163,12 @@ def main() -> None:
                 ge2_bwd(do, q, k, v, o, lse, causal)
                 ms_b = triton.testing.do_bench(lambda: ge2_bwd(do, q, k, v, o, lse, causal), return_mode="median")
                 A.TMA = True
+                A.DETERMINISTIC = False
+                ge2_bwd(do, q, k, v, o, lse, causal)
+                ms_a = triton.testing.do_bench(lambda: ge2_bwd(do, q, k, v, o, lse, causal), return_mode="median")
+                A.DETERMINISTIC = True
+                print(f"  atomic dq (TMA): bwd {ms_a:.3f} ms, f+b {3.5 * flops / (row['ge2 fwd'][0] + ms_a) * 1e-9:.0f}"
+                      f" TFLOP/s; dkdv: {timings(A.attention_bwd_dkdv_kernel)}", flush=True)
                 print(f"  pointer loads: fwd {flops / ms_f * 1e-9:.0f} TFLOP/s, f+b {3.5 * flops / (ms_f + ms_b) * 1e-9:.0f}"
                       f" (TMA: {row['ge2 fwd'][1]:.0f}, {row['ge2 f+b'][1] if 'ge2 f+b' in row else 0:.0f})", flush=True)
                 for kern in (A.attention_fwd_kernel, A.attention_bwd_dkdv_kernel, A.attention_bwd_dq_kernel):

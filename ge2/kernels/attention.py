@@ -125,6 +125,7 @@ def _all(spaces: dict) -> list[triton.Config]:
 
 _SIZES = ["B", "Hq", "L", "S", "GROUP"]  # not specialized: fewer compiled variants (nothing divides them)
 _KEY = ["B", "Hq", "L", "S", "HEAD_DIM", "HEAD_DIM_V", "CAUSAL", "MASK_KIND", "DROPOUT", "PRECISION", "USE_TMA"]
+_DKDV_KEY = _KEY + ["ATOMIC_DQ"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,12 +340,15 @@ def attention_bwd_preprocess_kernel(
 
 
 @triton.jit
-def _dkdv_sweep(dk, dv, k, v, q_src, do_src, lse_base, delta_base, mask_base, lo, hi, b, h, cols, L, S, E, EV,
-                sq_l, sq_e, sd_l, sd_e, sm_l, qk_scale, seed, drop_base, dropout_p, keep_scale,
+def _dkdv_sweep(dk, dv, k, v, q_src, do_src, lse_base, delta_base, mask_base, dq_base, lo, hi, b, h, cols, L, S,
+                E, EV, sq_l, sq_e, sd_l, sd_e, sm_l, qk_scale, seed, drop_base, dropout_p, keep_scale,
                 MASKED: tl.constexpr, MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
-                PRECISION: tl.constexpr, ROUND_TF32: tl.constexpr, USE_TMA: tl.constexpr,
+                PRECISION: tl.constexpr, ROUND_TF32: tl.constexpr, USE_TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr,
                 HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr):
-    """dk, dv [BLOCK_N, *] += the query blocks [lo, hi) of head (b, h) (P^T computed key-major)."""
+    """dk, dv [BLOCK_N, *] += the query blocks [lo, hi) of head (b, h) (P^T computed key-major).
+
+    ATOMIC_DQ: also add this block's share of dq (unscaled, fp32) into dq_base [L, HEAD_DIM] atomically.
+    """
     offs_m = tl.arange(0, BLOCK_M)
     offs_e = tl.arange(0, HEAD_DIM)
     offs_ev = tl.arange(0, HEAD_DIM_V)
@@ -380,17 +384,21 @@ def _dkdv_sweep(dk, dv, k, v, q_src, do_src, lse_base, delta_base, mask_base, lo
         dv = tl.dot(_operand(pd_t.to(do.dtype), False, ROUND_TF32), do, dv, input_precision=PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
         dk = tl.dot(_operand(ds_t.to(q.dtype), False, ROUND_TF32), q, dk, input_precision=PRECISION)
+        if ATOMIC_DQ:
+            dq = tl.dot(_operand(tl.trans(ds_t).to(k.dtype), False, ROUND_TF32), k, input_precision=PRECISION)
+            tl.atomic_add(dq_base + rows.to(tl.int64)[:, None] * HEAD_DIM + offs_e[None, :], dq,
+                          mask=row_ok[:, None] & (offs_e < E)[None, :], sem="relaxed")
         if MASK_KIND != 0:
             m_ptrs += BLOCK_M * sm_l
     return dk, dv
 
 
-@runtime.autotune(_all(DKDV_SPACES), key=_KEY, default=INTERPRETER_CONFIG,
+@runtime.autotune(_all(DKDV_SPACES), key=_DKDV_KEY, default=INTERPRETER_CONFIG,
                   prune_configs_by={"early_config_prune": _pruner(DKDV_SPACES, _smem_dkdv)},
                   do_bench=runtime.tuning_bench)
 @triton.jit(do_not_specialize=_SIZES)
 def attention_bwd_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, rng_ptr,
+    q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, rng_ptr, dq_acc_ptr,
     B, Hq, L, S, E, EV, GROUP,
     sq_b, sq_h, sq_l, sq_e, sk_b, sk_h, sk_s, sk_e, sv_b, sv_h, sv_s, sv_e,
     sm_b, sm_h, sm_l, sm_s, sd_b, sd_h, sd_l, sd_e,
@@ -398,10 +406,14 @@ def attention_bwd_dkdv_kernel(
     qk_scale, scale, dropout_p, keep_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
     DROPOUT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, ROUND_TF32: tl.constexpr,
-    NEGATE: tl.constexpr, USE_TMA: tl.constexpr,
+    NEGATE: tl.constexpr, USE_TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WARP_SPEC: tl.constexpr,
 ):
-    """dk, dv of BLOCK_N keys of kv head (program_id 1), summed over the GROUP q heads that read it."""
+    """dk, dv of BLOCK_N keys of kv head (program_id 1), summed over the GROUP q heads that read it.
+
+    ATOMIC_DQ (not the default: the order of the additions varies) also accumulates dq / scale into
+    the fp32 dq_acc_ptr [B, Hq, L, HEAD_DIM], in place of the dq kernel's second pass over P.
+    """
     n0 = tl.program_id(0) * BLOCK_N
     hk = tl.program_id(1)
     b = tl.program_id(2)
@@ -451,19 +463,35 @@ def attention_bwd_dkdv_kernel(
         delta_base = delta_ptr + (b64 * Hq + h) * L
         mask_base = mask_ptr + b64 * sm_b + h64 * sm_h + c64 * sm_s
         drop_base = drop_root + (b64 * Hq + h) * L * S
+        dq_base = dq_acc_ptr + (b64 * Hq + h) * L * HEAD_DIM
         if CAUSAL:
-            dk, dv = _dkdv_sweep(dk, dv, k, v, q_src, do_src, lse_base, delta_base, mask_base, m_start, m_full,
-                                 b, h, cols, L, S, E, EV, sq_l, sq_e, sd_l, sd_e, sm_l, qk_scale, seed, drop_base,
-                                 dropout_p, keep_scale, True, MASK_KIND, DROPOUT, UPCAST, PRECISION, ROUND_TF32,
-                                 USE_TMA, HEAD_DIM, HEAD_DIM_V, BLOCK_M)
-        dk, dv = _dkdv_sweep(dk, dv, k, v, q_src, do_src, lse_base, delta_base, mask_base, m_full, L,
+            dk, dv = _dkdv_sweep(dk, dv, k, v, q_src, do_src, lse_base, delta_base, mask_base, dq_base, m_start,
+                                 m_full, b, h, cols, L, S, E, EV, sq_l, sq_e, sd_l, sd_e, sm_l, qk_scale, seed,
+                                 drop_base, dropout_p, keep_scale, True, MASK_KIND, DROPOUT, UPCAST, PRECISION,
+                                 ROUND_TF32, USE_TMA, ATOMIC_DQ, HEAD_DIM, HEAD_DIM_V, BLOCK_M)
+        dk, dv = _dkdv_sweep(dk, dv, k, v, q_src, do_src, lse_base, delta_base, mask_base, dq_base, m_full, L,
                              b, h, cols, L, S, E, EV, sq_l, sq_e, sd_l, sd_e, sm_l, qk_scale, seed, drop_base,
                              dropout_p, keep_scale, False, MASK_KIND, DROPOUT, UPCAST, PRECISION, ROUND_TF32,
-                             USE_TMA, HEAD_DIM, HEAD_DIM_V, BLOCK_M)
+                             USE_TMA, ATOMIC_DQ, HEAD_DIM, HEAD_DIM_V, BLOCK_M)
     tl.store(dk_ptr + b64 * sdk_b + hk64 * sdk_h + c64 * sdk_s + offs_e[None, :] * sdk_e,
              (dk * scale).to(dk_ptr.dtype.element_ty), mask=col_ok & (offs_e < E)[None, :])
     tl.store(dv_ptr + b64 * sdv_b + hk64 * sdv_h + c64 * sdv_s + offs_ev[None, :] * sdv_e,
              dv.to(dv_ptr.dtype.element_ty), mask=col_ok & (offs_ev < EV)[None, :])
+
+
+@triton.jit
+def attention_bwd_dq_convert_kernel(acc_ptr, dq_ptr, Hq, L, E, sdq_b, sdq_h, sdq_l, sdq_e, dq_scale,
+                                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """dq = dq_scale * the atomically summed fp32 [B, Hq, L, HEAD_DIM] buffer, in dq's dtype and strides."""
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, HEAD_DIM)
+    ok = (rows < L)[:, None] & (cols < E)[None, :]
+    r64 = rows.to(tl.int64)[:, None]
+    acc = tl.load(acc_ptr + ((b * Hq + h) * L + r64) * HEAD_DIM + cols[None, :], mask=ok, other=0.0)
+    tl.store(dq_ptr + b * sdq_b + h * sdq_h + r64 * sdq_l + cols[None, :] * sdq_e,
+             (acc * dq_scale).to(dq_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -587,6 +615,9 @@ def attention_bwd_dq_kernel(
 # launchers
 # ---------------------------------------------------------------------------------------------
 TMA = True  # off: pointer loads everywhere (A/B comparisons, tests of the pointer path)
+# Off: the dK/dV kernel also adds each block's dq into an fp32 buffer with atomics (5 matmuls a
+# block pair instead of 7, but the summation order, so the last bits of dq, vary from run to run).
+DETERMINISTIC = True
 
 
 def _head_dim(e: int) -> int:
@@ -680,10 +711,17 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         o, do, delta, B, Hq, L, Ev, *o.stride(), *do.stride(), HEAD_DIM_V=consts["HEAD_DIM_V"])
     (qs, ks, vs, dos), use_tma = _sources(q, k, v, do)
     scalars = (abs(float(scale)) * LOG2E, float(scale), float(dropout_p), keep_scale)
+    atomic = not DETERMINISTIC
+    dq_acc = torch.zeros(B, Hq, L, consts["HEAD_DIM"], dtype=torch.float32, device=q.device) if atomic else lse
     attention_bwd_dkdv_kernel[lambda meta: (cdiv(S, meta["BLOCK_N"]), Hkv, B)](
-        qs, ks, vs, mask, dos, lse, delta, dk, dv, rng, B, Hq, L, S, E, Ev, group,
+        qs, ks, vs, mask, dos, lse, delta, dk, dv, rng, dq_acc, B, Hq, L, S, E, Ev, group,
         *q.stride(), *k.stride(), *v.stride(), *sm, *do.stride(), *dk.stride(), *dv.stride(),
-        *scalars, CAUSAL=bool(is_causal), USE_TMA=use_tma, **consts)
+        *scalars, CAUSAL=bool(is_causal), USE_TMA=use_tma, ATOMIC_DQ=atomic, **consts)
+    if atomic:  # k entered the scores negated when scale < 0
+        attention_bwd_dq_convert_kernel[(cdiv(L, 64), Hq, B)](
+            dq_acc, dq, Hq, L, E, *dq.stride(), abs(float(scale)) if scale < 0 else float(scale),
+            HEAD_DIM=consts["HEAD_DIM"], BLOCK_M=64)
+        return dq, dk, dv
     attention_bwd_dq_kernel[lambda meta: (cdiv(L, meta["BLOCK_M"]), Hq, B)](
         qs, ks, vs, mask, dos, lse, delta, dq, rng, B, Hq, L, S, E, Ev, group,
         *q.stride(), *k.stride(), *v.stride(), *sm, *do.stride(), *dq.stride(),
