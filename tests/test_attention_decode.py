@@ -115,7 +115,7 @@ def test_decode_shapes(shape, dtype):
 
 
 def test_head_dim_256_and_row_blocks():
-    """E = Ev = 256; 6 q heads x 16 rows on one kv head make 96 rows: two row blocks of 64."""
+    """E = Ev = 256; 6 q heads x 16 rows on one kv head make 96 rows: three row blocks of 32."""
     check(*qkv(1, 6, 1, 16, 300, 256, 256, torch.bfloat16))
 
 

@@ -34,12 +34,7 @@ MAX_ROWS = 16  # the most query rows L for which prefers_decode takes this kerne
 # The fewest keys worth a program of their own: below it the combine and the programs' start-up
 # cost more than the extra parallelism gives. Chunks are multiples of it, so of every BLOCK_N.
 MIN_CHUNK = 256
-# Programs the split aims for per SM: one wave of long chunks. Measured on the H100 (bench/
-# profile_attention_decode.py): more, shorter chunks only add partial outputs and start-up work.
-PROGRAMS_PER_SM = 1
-# Below this many keys (x the q heads of a kv head) the flash forward is as fast: see prefers_decode.
-PREFER_MIN_S = 1
-ACC_ELEMENTS = 16384  # BLOCK_M * EV_PAD cap: the fp32 accumulator stays in registers
+ACC_ELEMENTS = 8192  # BLOCK_M * EV_PAD cap: the fp32 accumulator and scores stay in registers
 TUNED_CHUNK = 1024  # chunks shorter than this run one config untuned (launch-bound; GPU tests stay quick)
 SMEM_BYTES = 200 * 1024  # what a config's K/V pipeline stages may take of the H100's 227 KB
 
@@ -53,6 +48,7 @@ CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s)
            for n, w, s in ((64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (32, 4, 4),
                            (64, 8, 3), (128, 8, 2), (128, 8, 3), (32, 8, 4))]
 DEFAULT_CONFIG = CONFIGS[3]  # BLOCK_N 128: few loop trips, which is what the interpreter's time goes by
+WIDE_CONFIG = CONFIGS[6]  # short chunks of 64-row tiles (untuned)
 
 
 def _prune(configs, named_args, **kwargs):
@@ -64,7 +60,9 @@ def _prune(configs, named_args, **kwargs):
             if c.num_stages * c.kwargs["BLOCK_N"] * (meta["E_PAD"] + meta["EV_PAD"]) * size <= SMEM_BYTES]
     fits = fits or [min(configs, key=lambda c: c.num_stages * c.kwargs["BLOCK_N"])]
     if meta["chunk"] < TUNED_CHUNK:
-        return [DEFAULT_CONFIG if DEFAULT_CONFIG in fits else fits[0]]
+        # 64-row tiles need 8 warps (see CONFIGS); 16-32 rows run best on 4.
+        wanted = DEFAULT_CONFIG if meta["BLOCK_M"] <= 32 else WIDE_CONFIG
+        return [wanted if wanted in fits else fits[0]]
     return fits
 
 
@@ -221,10 +219,16 @@ def _pad(n: int) -> int:
 
 
 def _split(units: int, keys: int, device: torch.device) -> tuple[int, int]:
-    """(n_splits, chunk) of ``keys`` for ``units`` programs per chunk: about PROGRAMS_PER_SM programs
-    per SM, chunks of at least MIN_CHUNK keys, as many chunks as the rounding leaves."""
-    want = cdiv(PROGRAMS_PER_SM * _sm_count(device), units)
-    splits = max(1, min(want, cdiv(keys, MIN_CHUNK)))
+    """(n_splits, chunk) of ``keys`` for ``units`` programs per chunk: at most one wave of programs
+    (units * n_splits <= SMs), chunks of at least MIN_CHUNK keys.
+
+    Measured on the H100 (bench/profile_attention_decode.py, CUDA-graph times): one wave of long
+    chunks streams K/V at 3.0-3.1 TB/s; a partial second wave costs its imbalance (GQA 8x32/8 heads
+    at S = 32768: 128 programs 354 us, 192 programs 363 us, 256 programs 353 us), and many short
+    chunks cost their start-up and partial outputs (1x32/8 heads x 16 rows: 128 programs 54 us,
+    512 programs 72 us).
+    """
+    splits = max(1, min(_sm_count(device) // units, cdiv(keys, MIN_CHUNK)))
     if splits == 1:
         return 1, keys
     chunk = cdiv(cdiv(keys, splits), MIN_CHUNK) * MIN_CHUNK
@@ -246,9 +250,16 @@ def plan(B: int, Hq: int, Hkv: int, L: int, keys: int, Ev: int, device: torch.de
 
 
 def prefers_decode(q: torch.Tensor, k: torch.Tensor, dropout_p: float) -> bool:
-    """Whether the split-S decode kernel beats the flash forward: q [B, Hq, L, E] with L <= 16, no
-    dropout, k [B, Hkv, S, E] long enough (S >= PREFER_MIN_S)."""
-    return q.shape[2] <= MAX_ROWS and dropout_p == 0.0 and k.shape[2] >= PREFER_MIN_S
+    """Whether the split-S decode kernel is at least as fast as the flash forward for q [B, Hq, L, E]
+    against k [B, Hkv, S, E]: L <= 16 and no dropout, at any S.
+
+    Both are one pass over K/V; decode reads it once per kv head (flash once per q head), pads L
+    rows to 16 instead of a 64-128 row tile, and splits S when B * Hkv leaves SMs idle. Measured on
+    the H100 at E = 128, bf16: MHA with B * H = 1024 at S = 256..4096 the same time (61 / 61,
+    187 / 189, 708 / 711 us), GQA 8x32/8 heads L = 1, S = 4096: 66 / 78 us; at short S both are one
+    launch of a few us. With one chunk the decode kernel writes o directly (one launch, like flash).
+    """
+    return q.shape[2] <= MAX_ROWS and dropout_p == 0.0
 
 
 def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *,
