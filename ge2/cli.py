@@ -1,4 +1,5 @@
-"""The ``ge2`` command: ``demo`` (core-ops example), ``train`` (a real dataset), ``autotune`` (persist configs)."""
+"""The ``ge2`` command: ``demo`` (core-ops example), ``train`` (a real dataset), ``generate`` (sample a trained
+GPT), ``autotune`` (persist configs)."""
 from __future__ import annotations
 
 import argparse
@@ -13,8 +14,13 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--seed", type=int, default=0)
     from ge2 import train as train_module
 
-    train = sub.add_parser("train", help="train a classifier on a bundled dataset (digits): logs, curves")
+    train = sub.add_parser("train", help="train a classifier on digits, or a GPT on text (--model gpt): logs, "
+                           "curves, checkpoints")
     train_module.add_arguments(train)
+    from ge2 import train_gpt
+
+    generate = sub.add_parser("generate", help="sample text from a GPT trained by ge2 train --model gpt")
+    train_gpt.add_generate_arguments(generate)
     from ge2 import autotune as autotune_module
 
     autotune = sub.add_parser("autotune", help="tune kernel configs for shapes or a model and persist them (GPU)")
@@ -45,6 +51,15 @@ def main(argv: list[str] | None = None) -> int:
             train_module.run(args)
         except train_module.TrainSetupError as e:
             print(f"ge2 train: {e}", file=sys.stderr)
+            return 2
+        except train_gpt.TrainingDiverged as e:
+            print(f"ge2 train: {e}", file=sys.stderr)
+            return 1
+    elif args.command == "generate":
+        try:
+            train_gpt.generate(args)
+        except (ValueError, FileNotFoundError) as e:
+            print(f"ge2 generate: {e}", file=sys.stderr)
             return 2
     return 0
 

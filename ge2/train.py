@@ -134,6 +134,12 @@ def _plot(log: dict[str, Any], path: str) -> str | None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Train as configured by the parsed ``ge2 train`` options; writes DIR/log.json and DIR/curves.png."""
+    if args.model == "gpt":
+        from ge2 import train_gpt
+
+        return train_gpt.run(args)
+    args.batch_size = args.batch_size or 64
+    args.out = args.out or "runs/train"
     try:
         device = ge2.runtime.resolve_device(args.device)
     except (RuntimeError, ValueError) as e:
@@ -222,18 +228,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``ge2 train`` options."""
-    p.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
+    p.add_argument("--model", choices=("mlp", "cnn", "gpt"), default="mlp",
+                   help="gpt: a byte-level GPT on a text corpus (docs/gpt.md)")
     p.add_argument("--dataset", choices=("digits",), default="digits")
     p.add_argument("--epochs", type=int, default=6)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=None, help="default: 1e-2 for adamw, 0.1 for sgd")
+    p.add_argument("--batch-size", type=int, default=None, help="default: 64 (gpt: see below)")
+    p.add_argument("--lr", type=float, default=None, help="default: 1e-2 for adamw, 0.1 for sgd (gpt: 1e-3)")
     p.add_argument("--optimizer", choices=("sgd", "adamw"), default="adamw")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda if present, else cpu")
     p.add_argument("--backend", choices=("triton", "torch"), default="triton")
-    p.add_argument("--out", default="runs/train", help="directory for log.json and curves.png")
+    p.add_argument("--out", default=None, help="directory for log.json and curves.png (default: runs/train, "
+                   "runs/gpt for gpt)")
     p.add_argument("--hidden", type=int, default=128, help="MLP hidden width (512 for the best test accuracy)")
     p.add_argument("--label-smoothing", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--capture", action="store_true",
                    help="replay each training step from a CUDA graph (ge2.capture): one launch per step")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no tqdm progress bar")
+    from ge2 import train_gpt
+
+    train_gpt.add_arguments(p)

@@ -24,4 +24,5 @@ from ge2.backend import norm, dropout, embedding, optim  # noqa: F401,E402
 from ge2.backend import softmax, losses  # noqa: F401,E402
 from ge2.backend import conv, pool  # noqa: F401,E402
 from ge2.backend import attention  # noqa: F401,E402
+from ge2.backend import sampling  # noqa: F401,E402
 from ge2.backend import torch_backend  # noqa: F401,E402

@@ -8,3 +8,4 @@ from ge2.backend.torch_backend import softmax, losses  # noqa: F401
 from ge2.backend.torch_backend import norm, dropout, embedding, optim  # noqa: F401,E402
 from ge2.backend.torch_backend import conv, pool  # noqa: F401,E402
 from ge2.backend.torch_backend import attention  # noqa: F401,E402
+from ge2.backend.torch_backend import sampling  # noqa: F401,E402
