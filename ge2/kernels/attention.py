@@ -108,7 +108,8 @@ def _pruner(spaces: dict, smem):
         a = {**named_args, **kwargs}
         hd, hdv = a["HEAD_DIM"], a["HEAD_DIM_V"]
         space = spaces[_bucket(max(hd, hdv))]
-        size = a["q_ptr"].element_size()
+        q = a["q_ptr"]
+        size = getattr(q, "base", q).element_size()  # a tensor or a TMA descriptor of one
         fits = [c for c in configs if c in space and smem(c, hd, hdv, size) <= SMEM_BUDGET
                 and (a["USE_TMA"] or not c.kwargs["WARP_SPEC"])]
         fits = fits or [min(space, key=lambda c: smem(c, hd, hdv, size))]
