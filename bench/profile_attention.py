@@ -77,45 +77,18 @@ def kernel_report() -> None:
                       f"spills={compiled.n_spills} smem={md.shared} wgmma={wgmma}")
 
 
-def probe(q, k, v, causal, variants) -> None:
-    """Time forward configs outside the autotuner (e.g. warp-specialized ones), each in try/except."""
-    B, H, L, E = q.shape
-    flops = 4 * B * H * L * L * E * (0.5 if causal else 1.0)
-    o = torch.empty(B, L, H, E, dtype=q.dtype, device=q.device).transpose(1, 2)
-    lse = torch.empty(B, H, L, dtype=torch.float32, device=q.device)
-    for bm, bn, stages, warps, ws, tma in variants:
-        (qs, ks, vs), use_tma = A._sources(q, k, v) if tma else ([q, k, v], False)
-        meta = dict(HEAD_DIM=E, HEAD_DIM_V=E, CAUSAL=causal, MASK_KIND=0, DROPOUT=False, UPCAST=False,
-                    PRECISION="ieee", ROUND_TF32=False, NEGATE=False, USE_TMA=use_tma, BLOCK_M=bm, BLOCK_N=bn,
-                    WARP_SPEC=ws)
-        A._block_shapes({"q_ptr": qs, "k_ptr": ks, "v_ptr": vs, **meta})
-
-        def run():
-            A.attention_fwd_kernel.fn[(triton.cdiv(L, bm), H, B)](
-                qs, ks, vs, q, o, lse, q, B, H, L, L, E, E, 1, *q.stride(), *k.stride(), *v.stride(),
-                0, 0, 0, 0, *o.stride(), E ** -0.5 * A.LOG2E, 0.0, 1.0, num_warps=warps, num_stages=stages, **meta)
-        try:
-            ms = triton.testing.do_bench(run, return_mode="median")
-            ok = rel(o, torch_sdpa(torch.nn.attention.SDPBackend.CUDNN_ATTENTION, q, k, v, causal))
-            print(f"  probe {'causal' if causal else 'full'} BM={bm} BN={bn} st={stages} w={warps} ws={ws} "
-                  f"tma={use_tma}: {ms:.3f} ms {flops / ms * 1e-9:.0f} TFLOP/s (vs cuDNN {ok:.1e})", flush=True)
-        except Exception as e:  # noqa: BLE001  (a variant that does not compile is a result too)
-            print(f"  probe BM={bm} BN={bn} ws={ws} tma={tma}: {type(e).__name__}: {str(e)[:300]}", flush=True)
-
-
 def timings(kern) -> str:
     """The autotuner's last timings, best first."""
     t = getattr(kern, "configs_timings", None) or {}
     items = sorted(((v[0] if isinstance(v, (list, tuple)) else v, c) for c, v in t.items()), key=lambda x: x[0])
     return "; ".join(f"{ms:.3f} {c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']} s{c.num_stages} w{c.num_warps}"
-                     f"{' ws' if c.kwargs.get('WARP_SPEC') else ''}" for ms, c in items)
+                     for ms, c in items)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="*", default=SHAPES, help="B,H,S,E (L = S)")
     parser.add_argument("--quick", action="store_true", help="forward only")
-    parser.add_argument("--probe", action="store_true", help="time extra forward variants at the first shape")
     parser.add_argument("--pointer", action="store_true", help="also time ge2 without TMA at the first shape")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -163,19 +136,10 @@ def main() -> None:
                 ge2_bwd(do, q, k, v, o, lse, causal)
                 ms_b = triton.testing.do_bench(lambda: ge2_bwd(do, q, k, v, o, lse, causal), return_mode="median")
                 A.TMA = True
-                A.DETERMINISTIC = False
-                ge2_bwd(do, q, k, v, o, lse, causal)
-                ms_a = triton.testing.do_bench(lambda: ge2_bwd(do, q, k, v, o, lse, causal), return_mode="median")
-                A.DETERMINISTIC = True
-                print(f"  atomic dq (TMA): bwd {ms_a:.3f} ms, f+b {3.5 * flops / (row['ge2 fwd'][0] + ms_a) * 1e-9:.0f}"
-                      f" TFLOP/s; dkdv: {timings(A.attention_bwd_dkdv_kernel)}", flush=True)
                 print(f"  pointer loads: fwd {flops / ms_f * 1e-9:.0f} TFLOP/s, f+b {3.5 * flops / (ms_f + ms_b) * 1e-9:.0f}"
                       f" (TMA: {row['ge2 fwd'][1]:.0f}, {row['ge2 f+b'][1] if 'ge2 f+b' in row else 0:.0f})", flush=True)
                 for kern in (A.attention_fwd_kernel, A.attention_bwd_dkdv_kernel, A.attention_bwd_dq_kernel):
                     print(f"   {kern.fn.__name__}: {timings(kern)}", flush=True)
-            if shape == args.shapes[0] and args.probe and not causal:
-                probe(q, k, v, causal, [(128, 64, 3, 8, True, True), (128, 128, 2, 8, True, True),
-                                        (128, 64, 2, 8, False, True), (128, 128, 2, 8, False, True)])
 
     kernel_report()
     cols = ["ge2 fwd", "cudnn fwd", "flash fwd"] + ([] if args.quick else ["ge2 bwd", "ge2 f+b", "cudnn f+b", "flash f+b"])

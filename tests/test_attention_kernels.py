@@ -130,16 +130,6 @@ def test_pointer_loads(B, Hq, Hkv, L, S, E, Ev, causal, monkeypatch):
     run_case(B, Hq, Hkv, L, S, E, Ev, causal=causal)
 
 
-@pytest.mark.parametrize("case", ["gqa-causal", "mask-negative-scale"])
-def test_atomic_dq(case, monkeypatch):
-    """The opt-in non-deterministic backward: dq summed atomically by the dK/dV kernel."""
-    monkeypatch.setattr(attention, "DETERMINISTIC", False)
-    if case == "gqa-causal":
-        run_case(2, 4, 2, 33, 40, 40, 24, causal=True)
-    else:
-        run_case(1, 2, 2, 33, 40, 16, 16, mask=_bool_mask(1, 2, 33, 40, seed=4), negative_scale=True)
-
-
 def test_tma_and_pointer_paths_taken(monkeypatch):
     q = torch.randn(1, 1, 16, 16, device=DEVICE)
     assert attention._sources(q, q[..., :8])[1] is True  # rows of 64 bytes: aligned
