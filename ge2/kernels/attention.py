@@ -617,9 +617,13 @@ def _descriptor(t: torch.Tensor):
     return TensorDescriptor(t, list(t.shape), strides, [1, 1, 16, 16])
 
 
+TMA_MAX_HEAD_DIM = 128  # wider heads load by pointers: TMA's 256-wide boxes were never timed or run on the GPU
+
+
 def _sources(*tensors: torch.Tensor) -> tuple[list, bool]:
     """The tensors as TMA descriptors when every one allows it (and TMA exists here), else the tensors."""
-    if TMA and (runtime.is_interpreter() or _tma_sms(tensors[0].device) > 0):
+    if TMA and (runtime.is_interpreter() or _tma_sms(tensors[0].device) > 0) \
+            and all(t.shape[-1] <= TMA_MAX_HEAD_DIM for t in tensors):
         descs = [_descriptor(t) for t in tensors]
         if all(d is not None for d in descs):
             return descs, True
