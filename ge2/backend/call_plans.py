@@ -234,6 +234,10 @@ def _compile(plan: CallPlan) -> tuple[str, Callable[[tuple], Any]]:
                            "_replay": launch.replay, "_RECORDERS": launch._RECORDERS, "_no_hooks": launch._no_hooks,
                            "_stream": launch._stream, "_device": launch._device, "_Descriptor": _Descriptor,
                            "_Address": _Address, "_STATS": STATS}
+    if interpreted:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        env["_TensorDescriptor"] = TensorDescriptor
 
     def const(value) -> str:
         """A recorded value as source: ints, bools and None inline, anything else bound by name."""
@@ -273,7 +277,9 @@ def _compile(plan: CallPlan) -> tuple[str, Callable[[tuple], Any]]:
             continue
         args = [const(v) for v in template]
         for at, src, delta, meta in slots:
-            if interpreted:
+            if interpreted and len(meta) == 5:  # a TMA descriptor over a view of the source
+                args[at] = f"_TensorDescriptor({view((src, delta, meta[4]))}, *{const(tuple(meta[:4]))})"
+            elif interpreted:
                 args[at] = view((src, delta, meta))
             elif meta is None:
                 args[at] = f"p{src} + {delta}" if delta else f"p{src}"
@@ -463,10 +469,12 @@ def _plan(recorder: launch.Recorder, inputs: tuple, out: Any, allocated: list) -
                 elif type(v) is int:  # an address: an inner op's call plan replayed inside this op (GPU)
                     src, delta = source(v)
                     slots.append((at, src, delta, None))
-                else:  # a TMA descriptor
+                else:  # a TMA descriptor (under the interpreter also its base tensor's view, to rebuild it)
                     src, delta = source(v.base.data_ptr())
-                    slots.append((at, src, delta, (list(v.shape), list(v.strides), list(v.block_shape),
-                                                   getattr(v, "padding", "zero"))))
+                    meta = (list(v.shape), list(v.strides), list(v.block_shape), getattr(v, "padding", "zero"))
+                    if interpreted:
+                        meta += ((v.base.shape, v.base.stride(), v.base.dtype),)
+                    slots.append((at, src, delta, meta))
             launches.append((kernel, plan, tmpl, slots))
     except LookupError:
         return None  # a scratch buffer (or a cached tensor) the replay would not provide
