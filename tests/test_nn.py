@@ -348,6 +348,15 @@ def test_embedding_vs_torch(padding_idx):
         assert torch.count_nonzero(g.weight.grad.data[padding_idx]) == 0
 
 
+def test_embedding_of_strided_indices():
+    """A column slice of an index tensor (strided ids) gives torch's rows and gradient."""
+    t = torch.nn.Embedding(9, 5)
+    g = nn.Embedding(9, 5)
+    idx = torch.tensor([[7, 1, 1], [5, 1, 1], [0, 8, 3]], device=DEVICE)[:, 0:2]
+    assert not idx.is_contiguous()
+    compare_layer(g, t, idx, grad_x=False)
+
+
 def test_embedding_out_of_range_index_raises():
     g = nn.Embedding(4, 3)
     with pytest.raises(ValueError, match="embedding: 1 index\\(es\\) out of range for a table of 4 rows"):

@@ -56,7 +56,7 @@ def embedding_bwd_kernel(idx_ptr, gy_ptr, gw_ptr, n_idx, V, D, padding_idx,
 
 def embedding(idx: torch.Tensor, weight: torch.Tensor, check: bool = True) -> torch.Tensor:
     """weight[idx]: idx any int shape, weight [V, D] -> [*idx.shape, D] (contiguous)."""
-    flat = idx.reshape(-1)
+    flat = idx.contiguous().view(-1)  # the kernels read the ids packed; a strided view would be misread
     n, (V, D) = flat.numel(), weight.shape
     y = torch.empty((*idx.shape, D), dtype=weight.dtype, device=weight.device)
     if n == 0 or D == 0:
@@ -76,7 +76,7 @@ def embedding(idx: torch.Tensor, weight: torch.Tensor, check: bool = True) -> to
 def embedding_backward(gy: torch.Tensor, idx: torch.Tensor, V: int, padding_idx: int | None,
                        dtype: torch.dtype) -> torch.Tensor:
     """dweight [V, D] of ``dtype``: the gy rows summed per index; padding_idx's row stays 0."""
-    flat = idx.reshape(-1)
+    flat = idx.contiguous().view(-1)  # the kernels read the ids packed; a strided view would be misread
     D = gy.shape[-1]
     g2 = gy.reshape(-1, D).contiguous()
     gw = torch.zeros((V, D), dtype=torch.float32, device=gy.device)
