@@ -206,7 +206,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 scaler.load_state_dict(ckpt["scaler"])
             for name, buf in _rng_buffers(model).items():
                 buf.data.copy_(ckpt["rng"]["modules"][name].data)
-            torch.set_rng_state(ckpt["rng"]["torch"])
+            rng = ckpt["rng"]["torch"]  # the checkpoint loader puts tensors on the device; torch wants a CPU byte tensor
+            torch.set_rng_state((rng.data if hasattr(rng, "to_torch") else rng).cpu())
             loader.load_state_dict(ckpt["data"])
             step, log = ckpt["step"], ckpt["log"] | {"config": cfg}
         peak = peak_flops(device, cfg["amp"])

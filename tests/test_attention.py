@@ -49,6 +49,8 @@ def _reference(q, k, v, mask=None, is_causal=False, scale=None, dtype=torch.floa
 def _torch_sdpa(q, k, v, mask=None, is_causal=False, scale=None):
     """torch's own SDPA in the inputs' dtype (its error is the budget)."""
     group = q.shape[-3] // k.shape[-3] if q.ndim > 2 else 1
+    if mask is not None:  # torch's fused CUDA kernels want a mask whose last dim is contiguous
+        mask = mask.expand(*q.shape[:-1], k.shape[-2]).contiguous()
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
                                                             enable_gqa=group > 1)
 
@@ -357,7 +359,7 @@ def _mha_pair(E, H, **kw):
 
 def test_mha_state_dict_keys_and_init_match_torch():
     torch.manual_seed(3)
-    tm = torch.nn.MultiheadAttention(24, 4, kdim=10, vdim=12)
+    tm = torch.nn.MultiheadAttention(24, 4, kdim=10, vdim=12, device=DEVICE)
     torch.manual_seed(3)
     gm = nn.MultiheadAttention(24, 4, kdim=10, vdim=12)
     assert list(gm.state_dict()) == list(tm.state_dict())

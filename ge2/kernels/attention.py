@@ -77,38 +77,45 @@ INTERPRETER_CONFIG = _cfg(16, 16, 1, 4)
 FWD_SPACES = {
     64: [_cfg(64, 64, 3, 4), _cfg(128, 64, 3, 4), _cfg(128, 128, 3, 8), _cfg(128, 64, 4, 8), _cfg(64, 32, 4, 4)],
     128: [_cfg(64, 64, 3, 4), _cfg(128, 64, 3, 8), _cfg(128, 128, 3, 8), _cfg(128, 64, 4, 8), _cfg(128, 32, 4, 4)],
-    256: [_cfg(64, 32, 2, 4), _cfg(64, 64, 2, 4), _cfg(128, 64, 2, 8), _cfg(64, 32, 3, 4)],
+    256: [_cfg(64, 32, 2, 4), _cfg(64, 64, 2, 4), _cfg(128, 64, 2, 8), _cfg(64, 32, 3, 4), _cfg(32, 32, 2, 4)],
 }
 # dK/dV: BLOCK_N keys held, BLOCK_M query rows a step (the accumulators are two [BLOCK_N, HEAD_DIM] tiles).
 DKDV_SPACES = {
     64: [_cfg(32, 64, 3, 4), _cfg(32, 128, 3, 4), _cfg(64, 128, 3, 8), _cfg(64, 64, 3, 4)],
     128: [_cfg(32, 64, 3, 4), _cfg(32, 128, 2, 8), _cfg(64, 128, 2, 8), _cfg(64, 64, 2, 4)],
-    256: [_cfg(32, 64, 2, 8), _cfg(32, 32, 2, 4), _cfg(64, 64, 1, 8), _cfg(16, 64, 2, 4)],
+    256: [_cfg(32, 64, 2, 8), _cfg(32, 32, 2, 4), _cfg(64, 64, 1, 8), _cfg(16, 64, 2, 4), _cfg(16, 32, 2, 4)],
 }
 # dQ: BLOCK_M query rows held, BLOCK_N keys a step.
 DQ_SPACES = {
     64: [_cfg(64, 32, 3, 4), _cfg(128, 32, 3, 4), _cfg(128, 64, 3, 8), _cfg(64, 64, 3, 4)],
     128: [_cfg(64, 32, 3, 4), _cfg(128, 32, 3, 8), _cfg(128, 64, 2, 8), _cfg(64, 64, 2, 4)],
-    256: [_cfg(64, 32, 2, 4), _cfg(64, 64, 2, 8), _cfg(128, 32, 2, 8), _cfg(64, 16, 2, 4)],
+    256: [_cfg(64, 32, 2, 4), _cfg(64, 64, 2, 8), _cfg(128, 32, 2, 8), _cfg(64, 16, 2, 4), _cfg(32, 16, 2, 4)],
 }
+# The last config of each 256 bucket is for fp32 heads of 256, whose resident tiles count twice.
 
 
 def _bucket(head_dim: int) -> int:
     return 64 if head_dim <= 64 else head_dim
 
 
+# fp32 operands of the 256-wide heads (pointer loads) stage the resident tile a second time (measured on
+# the H100: a 64 x 32, 2-stage forward asked for 262144 bytes, the estimate's 196608 plus one more q tile).
+def _resident(size: int, hd: int) -> int:
+    return 2 if size == 4 and hd > 128 else 1
+
+
 def _smem_fwd(c: triton.Config, hd: int, hdv: int, size: int) -> int:
     # q stays resident; each pipeline stage holds one k and one v tile.
-    return (c.kwargs["BLOCK_M"] * hd + c.num_stages * c.kwargs["BLOCK_N"] * (hd + hdv)) * size
+    return (_resident(size, hd) * c.kwargs["BLOCK_M"] * hd + c.num_stages * c.kwargs["BLOCK_N"] * (hd + hdv)) * size
 
 
 def _smem_dkdv(c: triton.Config, hd: int, hdv: int, size: int) -> int:
     # k, v resident; each stage holds a q and a dO tile.
-    return (c.kwargs["BLOCK_N"] * (hd + hdv) + c.num_stages * c.kwargs["BLOCK_M"] * (hd + hdv)) * size
+    return (_resident(size, hd) * c.kwargs["BLOCK_N"] * (hd + hdv) + c.num_stages * c.kwargs["BLOCK_M"] * (hd + hdv)) * size
 
 
 def _smem_dq(c: triton.Config, hd: int, hdv: int, size: int) -> int:
-    return (c.kwargs["BLOCK_M"] * (hd + hdv) + c.num_stages * c.kwargs["BLOCK_N"] * (hd + hdv)) * size
+    return (_resident(size, hd) * c.kwargs["BLOCK_M"] * (hd + hdv) + c.num_stages * c.kwargs["BLOCK_N"] * (hd + hdv)) * size
 
 
 def _pruner(spaces: dict, smem):
