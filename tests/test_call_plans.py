@@ -5,10 +5,13 @@ import weakref
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import ge2
 import ge2.nn.functional as F
 from ge2.backend import call_plans, registry
+from ge2.backend.schema import Schema, TensorArg
 from ge2.kernels import gemm as gemm_kernels, native
 from numerics import DEVICE, randn
 
@@ -407,3 +410,33 @@ def test_an_op_recorded_while_its_inner_ops_replay():
         torch.testing.assert_close(loss.data, ref.detach(), rtol=1e-5, atol=1e-5)
         for mine, theirs in ((gx, tx), (gw, tw), (gb, tb)):
             torch.testing.assert_close(mine.grad.data, theirs.grad, rtol=1e-4, atol=1e-5)
+
+
+@triton.jit
+def _unplanned_double_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    """y = 2x: a kernel outside ge2.kernels, so no launch plan ever watches it."""
+    i = tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * 2, mask=i < n)
+
+
+def _unplanned_double(x):
+    y = torch.empty_like(x)
+    _unplanned_double_kernel[(1,)](x, y, x.numel(), BLOCK=triton.next_power_of_2(x.numel()))
+    return y
+
+
+registry.defop("test_unplanned_double", Schema((TensorArg("x"),)))
+registry.register("test_unplanned_double", "triton")(_unplanned_double)
+
+
+def test_an_op_whose_launches_are_unseen_is_not_recorded():
+    """A kernel off the planned path is invisible to the recorder: replaying its op would skip it and
+    return an unwritten buffer, so the recording is refused and every call runs the op."""
+    xs = _fresh(7)
+    outs, hits = _calls(lambda x: registry.call("test_unplanned_double", x), [(x,) for x in xs])
+    assert hits == 0
+    reasons = {why for op, why in call_plans.REFUSED if op == "test_unplanned_double"}
+    # (the interpreter's own torch work inside the unwatched launch is refused first on the CPU)
+    assert call_plans.UNSEEN in reasons if torch.cuda.is_available() else reasons
+    for out, x in zip(outs, xs):
+        torch.testing.assert_close(out, 2 * x, rtol=0, atol=0)

@@ -27,6 +27,7 @@ import torch
 from ge2 import runtime
 from ge2.backend.registry import defop, register
 from ge2.backend.schema import Schema, TensorArg, dtype_name, shape_str
+from ge2.kernels import attention as K, attention_decode as D
 
 ATTENTION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MASK_DTYPES = (torch.bool, torch.float16, torch.bfloat16, torch.float32)
@@ -103,8 +104,6 @@ def _precision(dtype: torch.dtype) -> str:
 
 @register("attention", "triton", dtypes=ATTENTION_DTYPES)
 def _attention(q, k, v, mask=None, rng_state=None, *, scale, is_causal=False, dropout_p=0.0):
-    from ge2.kernels import attention as K, attention_decode as D
-
     precision = _precision(q.dtype)
     if D.prefers_decode(q, k, dropout_p):
         return D.attention_decode(q, k, v, mask, scale=float(scale), is_causal=is_causal, precision=precision)
@@ -114,7 +113,5 @@ def _attention(q, k, v, mask=None, rng_state=None, *, scale, is_causal=False, dr
 
 @register("attention_backward", "triton", dtypes=ATTENTION_DTYPES)
 def _attention_backward(do, q, k, v, o, lse, mask=None, rng_state=None, *, scale, is_causal=False, dropout_p=0.0):
-    from ge2.kernels import attention as K
-
     return K.attention_backward(do, q, k, v, o, lse, mask, scale=float(scale), is_causal=is_causal,
                                 dropout_p=float(dropout_p), rng_state=rng_state, precision=_precision(q.dtype))

@@ -340,6 +340,7 @@ def _extent(t: torch.Tensor) -> int:
 
 
 ALIASED = "inputs that overlap (other than the same bytes twice)"
+UNSEEN = "outputs allocated but no launch or torch copy seen (a kernel off the planned launch path)"
 # Refusals that say nothing about the key's next call: they do not count against RECORD_TRIES.
 TRANSIENT = (launch.NEW_PLAN,)
 
@@ -349,6 +350,10 @@ def record(op: str, fn: Callable[..., Any], inputs: tuple, attrs: dict) -> tuple
     recorder = launch.Recorder()
     with launch.recording(recorder), _Watch(recorder) as watch:
         out = fn(*inputs, **attrs)
+    if not recorder.launches and watch.allocated:
+        # memory allocated and nothing seen writing it: a kernel launched off the planned path (a
+        # module loaded after import ge2 installed the plans), which a replay would silently skip
+        recorder.refuse(UNSEEN)
     plan = _plan(recorder, inputs, out, watch.allocated) if recorder.refused is None else None
     why = None
     if plan is None:

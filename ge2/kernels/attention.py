@@ -44,7 +44,6 @@ import triton
 import triton.language as tl
 
 from ge2 import runtime
-from ge2.kernels import launch
 from ge2.kernels.gemm import _round_to_tf32, _tma_sms
 from ge2.runtime import cdiv
 
@@ -711,7 +710,3 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         *scalars, CAUSAL=bool(is_causal), USE_TMA=use_tma, **consts)
     return dq, dk, dv
 
-
-# The backend imports this module on first use, after ``import ge2`` planned the launches of the
-# kernel modules loaded then: plan these too (idempotent).
-launch.install()
