@@ -1,6 +1,6 @@
 """Attention: ge2's flash kernels vs torch's SDPA with each of its backends, in one process (issue 23).
 
-    PYTHONPATH=. python3 bench/bench_attention.py [--quick]
+    PYTHONPATH=. python3 bench/bench_attention.py [--quick] [--only all|prefill|decode]
 
 bf16, (B, H, S, E) = (4, 16, 2048, 128), (8, 12, 1024, 64), (1, 16, 8192, 128), (32, 6, 256, 64),
 each causal and not; a grouped-query row (Hq 32, Hkv 8); decode rows (one query row against
@@ -86,12 +86,18 @@ def _check(q, k, v, causal: bool) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="the first shape only, non-causal")
+    ap.add_argument("--only", choices=("all", "prefill", "decode"), default="all",
+                    help="prefill: the (B, H, S, E) and GQA rows; decode: the decode rows (-> attention_decode_op.json)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_attention: needs a CUDA GPU")
-    bench = Bench("attention")
+    bench = Bench("attention_decode_op" if args.only == "decode" else "attention")
     torch.manual_seed(0)
-    cases = [(s, c) for s in SHAPES + GQA for c in (False, True)] + [(s, False) for s in DECODE]
+    cases = []
+    if args.only != "decode":
+        cases += [(s, c) for s in SHAPES + GQA for c in (False, True)]
+    if args.only != "prefill":
+        cases += [(s, False) for s in DECODE]
     if args.quick:
         cases = cases[:1]
     for (B, Hq, Hkv, L, S, E), causal in cases:

@@ -316,12 +316,22 @@ def test_resume_equals_uninterrupted(tmp_path):
     a = ge2.load(tmp_path / "a" / "ckpt.ge2")
     b = ge2.load(tmp_path / "b" / "ckpt.ge2")
     assert a["step"] == b["step"] == 4
+
+    def same(x, y, what):
+        # bit for bit on the CPU; on the GPU the embedding backward's atomic adds reorder between any
+        # two runs (resumed or not), so there the two runs agree to fp32 rounding
+        if torch.cuda.is_available():
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6, msg=what)
+        else:
+            assert torch.equal(x, y), what
+
     for key in a["model"]:
-        assert torch.equal(a["model"][key].data, b["model"][key].data), key
+        same(a["model"][key].data, b["model"][key].data, key)
     for i, st in a["optimizer"]["state"].items():
         for name, v in st.items():
-            assert torch.equal(v, b["optimizer"]["state"][i][name])
-    assert [r["loss"] for r in a["log"]["train"]] == [r["loss"] for r in b["log"]["train"]]
+            same(v, b["optimizer"]["state"][i][name], f"optimizer state {i} {name}")
+    same(torch.tensor([r["loss"] for r in a["log"]["train"]]), torch.tensor([r["loss"] for r in b["log"]["train"]]),
+         "losses")
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
