@@ -420,3 +420,12 @@ def test_module_dict():
         d["x"] = 3
     with pytest.raises(KeyError, match="ModuleDict"):
         d["x.y"] = nn.ReLU()
+
+
+def test_deepcopy_of_a_module_copies_its_parameters():
+    lin = nn.Linear(4, 3)
+    dup = copy.deepcopy(lin)
+    assert type(dup.weight) is type(lin.weight) and dup.weight.requires_grad
+    assert torch.equal(dup.weight.data, lin.weight.data) and dup.weight.data.data_ptr() != lin.weight.data.data_ptr()
+    with pytest.raises(RuntimeError, match="only leaf tensors"):
+        copy.deepcopy(lin.weight * 2)

@@ -226,6 +226,17 @@ class Tensor:
     def __reduce_ex__(self, protocol):
         raise TypeError("ge2.Tensor: pickle the torch tensor (t.data) or use ge2.save")
 
+    def __deepcopy__(self, memo: dict) -> "Tensor":
+        """A copy of a leaf with its own memory (and grad); torch's rule: tensors made by ops do not deep-copy."""
+        if self.grad_fn is not None:
+            raise RuntimeError("ge2.Tensor: only leaf tensors (not the results of ops) support deepcopy; "
+                               "detach() first")
+        new = type(self)(self.data.clone(), requires_grad=self.requires_grad)
+        memo[id(self)] = new
+        if self.grad is not None:
+            new.grad = self.grad.__deepcopy__(memo)
+        return new
+
     def cpu(self) -> "Tensor":
         return self.to("cpu")
 

@@ -10,4 +10,5 @@ from ge2.nn.sparse import Embedding  # noqa: F401
 from ge2.nn.loss import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss, NLLLoss  # noqa: F401
 from ge2.nn.conv import AdaptiveAvgPool2d, AvgPool2d, Conv2d, MaxPool2d  # noqa: F401
 from ge2.nn.attention import MultiheadAttention  # noqa: F401
+from ge2.nn.transformer import TransformerEncoder, TransformerEncoderLayer  # noqa: F401
 from ge2.nn import functional, init, utils  # noqa: F401
