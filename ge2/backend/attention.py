@@ -24,10 +24,10 @@ import numbers
 
 import torch
 
-from ge2 import runtime
 from ge2.backend.registry import defop, register
 from ge2.backend.schema import Schema, TensorArg, dtype_name, shape_str
 from ge2.kernels import attention as K, attention_decode as D
+from ge2.kernels.gemm import _precision
 
 ATTENTION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MASK_DTYPES = (torch.bool, torch.float16, torch.bfloat16, torch.float32)
@@ -96,10 +96,6 @@ LSE = TensorArg("lse", (torch.float32,), ndim=(3,))
 
 defop("attention", Schema((*_qkv("q", "k", "v"), MASK, STATE), check_attention))
 defop("attention_backward", Schema((*_qkv("do", "q", "k", "v", "o"), LSE, MASK, STATE), _check_backward))
-
-
-def _precision(dtype: torch.dtype) -> str:
-    return runtime.get_matmul_precision() if dtype == torch.float32 else "ieee"
 
 
 @register("attention", "triton", dtypes=ATTENTION_DTYPES)

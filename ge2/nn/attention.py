@@ -95,7 +95,6 @@ class MultiheadAttention(Module):
         """q, k, v in [seq, N, E] / [N, seq, E] layout (whatever the input's), each [..., E]."""
         E = self.embed_dim
         b = self.in_proj_bias
-        bq, bk, bv = unbind(b.view(3, E)) if b is not None else (None, None, None)
         if self._qkv_same_embed_dim:
             if query is key and key is value:  # self-attention: one GEMM, split by strides
                 proj = linear(query, self.in_proj_weight, b)
@@ -103,6 +102,7 @@ class MultiheadAttention(Module):
             wq, wk, wv = unbind(self.in_proj_weight.view(3, E, E))
         else:
             wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+        bq, bk, bv = unbind(b.view(3, E)) if b is not None else (None, None, None)
         return linear(query, wq, bq), linear(key, wk, bk), linear(value, wv, bv)
 
     def _heads(self, t: Tensor) -> Tensor:

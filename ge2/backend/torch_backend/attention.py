@@ -3,12 +3,11 @@ with the NumPy Philox of the dropout oracle (so it is the kernels' very mask), t
 same formulas the flash backward uses."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from ge2.backend.attention import ATTENTION_DTYPES
 from ge2.backend.registry import register
-from ge2.backend.torch_backend.dropout import philox_uniform
+from ge2.backend.torch_backend.dropout import keep_mask  # element (b, h, i, j) at ((b*Hq + h)*L + i)*S + j
 
 
 def _scores(q, k, mask, scale, is_causal):
@@ -31,14 +30,6 @@ def _probabilities(s):
     return p.nan_to_num(0.0), lse
 
 
-def _keep(shape, rng_state, dropout_p, device):
-    """The dropout keep mask of element (b, h, i, j): rand(seed, offset + ((b*Hq + h)*L + i)*S + j) >= p."""
-    seed, offset = (int(v) for v in rng_state.tolist())
-    n = int(np.prod(shape))
-    keep = philox_uniform(seed, offset + np.arange(n, dtype=np.int64)) >= np.float32(dropout_p)
-    return torch.from_numpy(keep).reshape(shape).to(device)
-
-
 def _group_sum(t, hkv):
     """Sum the Hq // Hkv query heads of each kv head: [B, Hq, ...] -> [B, Hkv, ...]."""
     B, Hq = t.shape[:2]
@@ -49,7 +40,7 @@ def _group_sum(t, hkv):
 def attention(q, k, v, mask=None, rng_state=None, *, scale, is_causal=False, dropout_p=0.0):
     p, lse = _probabilities(_scores(q, k, mask, scale, is_causal))
     if dropout_p > 0.0:
-        p = p * _keep(p.shape, rng_state, dropout_p, p.device) / (1.0 - dropout_p)
+        p = p * keep_mask(rng_state, p.shape, dropout_p, p.device) / (1.0 - dropout_p)
     group = q.shape[1] // k.shape[1]
     o = torch.matmul(p, v.float().repeat_interleave(group, dim=1))
     return o.to(q.dtype), lse
@@ -64,7 +55,7 @@ def attention_backward(do, q, k, v, o, lse, mask=None, rng_state=None, *, scale,
     dp = torch.matmul(dof, vf.transpose(-1, -2))
     pd = p
     if dropout_p > 0.0:
-        keep = _keep(p.shape, rng_state, dropout_p, p.device) / (1.0 - dropout_p)
+        keep = keep_mask(rng_state, p.shape, dropout_p, p.device) / (1.0 - dropout_p)
         pd, dp = p * keep, dp * keep
     delta = (dof * o.float()).sum(-1, keepdim=True)  # rowsum(dO * O) = rowsum(P * dP)
     ds = p * (dp - delta)

@@ -31,10 +31,16 @@ def philox_uniform(seed: int, offsets: np.ndarray) -> np.ndarray:
     return x.astype(np.float32) * np.float32(4.6566127342e-10)
 
 
-def _dropout(x, state, *, p):
+def keep_mask(state, shape, p, device) -> torch.Tensor:
+    """The kernels' keep mask: element i (row-major in ``shape``) kept when rand(seed, offset + i) >= p."""
     seed, offset = (int(v) for v in state.tolist())
-    keep = philox_uniform(seed, offset + np.arange(x.numel(), dtype=np.int64)) >= np.float32(p)
-    keep_t = torch.from_numpy(keep).reshape(x.shape).to(x.device)
+    n = int(np.prod(shape))
+    keep = philox_uniform(seed, offset + np.arange(n, dtype=np.int64)) >= np.float32(p)
+    return torch.from_numpy(keep).reshape(shape).to(device)
+
+
+def _dropout(x, state, *, p):
+    keep_t = keep_mask(state, x.shape, p, x.device)
     scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
     return torch.where(keep_t, x.float() * scale, 0.0).to(x.dtype).contiguous()
 
