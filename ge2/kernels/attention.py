@@ -605,8 +605,9 @@ def attention_bwd_dq_kernel(
 TMA = True  # off: pointer loads everywhere (A/B comparisons, tests of the pointer path)
 
 
-def _head_dim(e: int) -> int:
-    return max(16, triton.next_power_of_2(e))
+def padded(n: int) -> int:
+    """n rounded up to a power of two, at least 16 (the smallest side of a tensor-core tile)."""
+    return max(16, triton.next_power_of_2(n))
 
 
 def _descriptor(t: torch.Tensor):
@@ -648,7 +649,7 @@ def _common(q, k, v, mask, scale, dropout_p, rng_state, precision):
             mask = mask.view(torch.uint8)
     dropout = dropout_p > 0.0
     precision = precision if q.dtype == torch.float32 else "ieee"
-    consts = dict(HEAD_DIM=_head_dim(E), HEAD_DIM_V=_head_dim(Ev), MASK_KIND=mask_kind, DROPOUT=dropout,
+    consts = dict(HEAD_DIM=padded(E), HEAD_DIM_V=padded(Ev), MASK_KIND=mask_kind, DROPOUT=dropout,
                   UPCAST=runtime.is_interpreter() and q.element_size() == 2, PRECISION=precision,
                   ROUND_TF32=precision == "tf32" and not runtime.is_interpreter(), NEGATE=scale < 0)
     rng = rng_state if dropout else q

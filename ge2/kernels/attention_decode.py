@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from ge2 import runtime
+from ge2.kernels.attention import padded
 from ge2.kernels.gemm import _round_to_tf32, _sm_count
 from ge2.runtime import autotune, cdiv
 
@@ -214,10 +215,6 @@ def attention_decode_combine_kernel(
 # ---------------------------------------------------------------------------------------------
 # launchers
 # ---------------------------------------------------------------------------------------------
-def _pad(n: int) -> int:
-    return max(16, triton.next_power_of_2(n))
-
-
 def _split(units: int, keys: int, device: torch.device) -> tuple[int, int]:
     """(n_splits, chunk) of ``keys`` for ``units`` programs per chunk: at most one wave of programs
     (units * n_splits <= SMs), chunks of at least MIN_CHUNK keys.
@@ -239,7 +236,7 @@ def plan(B: int, Hq: int, Hkv: int, L: int, keys: int, Ev: int, device: torch.de
          num_splits: int | None = None) -> tuple[int, int, int, int]:
     """(BLOCK_M, row blocks per kv head, n_splits, chunk) of a launch over ``keys`` keys."""
     rows = Hq // Hkv * L
-    block_m = min(_pad(rows), max(16, ACC_ELEMENTS // _pad(Ev)))
+    block_m = min(padded(rows), max(16, ACC_ELEMENTS // padded(Ev)))
     m_blocks = cdiv(rows, block_m)
     if num_splits is None:
         n_splits, chunk = _split(B * Hkv * m_blocks, keys, device)
@@ -302,12 +299,12 @@ def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
         IS_CAUSAL=bool(is_causal), MASK_KIND=mask_kind,
         PRECISION=precision if fp32 else "ieee", UPCAST=interpreter and not fp32,
         ROUND_TF32=fp32 and precision == "tf32" and not interpreter,
-        BLOCK_M=block_m, E=E, EV=Ev, E_PAD=_pad(E), EV_PAD=_pad(Ev),  # head dims constant: padding masks fold away
+        BLOCK_M=block_m, E=E, EV=Ev, E_PAD=padded(E), EV_PAD=padded(Ev),  # head dims constant: padding masks fold away
     )
     if n_splits > 1:
-        block_c = min(triton.next_power_of_2(n_splits), max(1, 8192 // _pad(Ev)))
+        block_c = min(triton.next_power_of_2(n_splits), max(1, 8192 // padded(Ev)))
         attention_decode_combine_kernel[(B * Hq * L,)](
             o_out, lse_out, o, lse, Hq, L, Ev, n_splits, *o.stride(), *lse.stride(),
-            BLOCK_C=block_c, EV_PAD=_pad(Ev), num_warps=4,
+            BLOCK_C=block_c, EV_PAD=padded(Ev), num_warps=4,
         )
     return o, lse
