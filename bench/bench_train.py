@@ -1,7 +1,17 @@
-"""ms per training step, ge2 eager and captured vs torch eager, torch CUDA graph and torch.compile (issue 7).
+"""ms per training step, ge2 eager and captured vs torch eager, torch CUDA graph and torch.compile.
 
     PYTHONPATH=. python3 bench/bench_train.py              # on a GPU; writes bench/results/train_step.json
+    PYTHONPATH=. python3 bench/bench_train.py --only gpt   # the GPT rows; writes bench/results/train_step_gpt.json
     PYTHONPATH=. python3 bench/bench_train.py --smoke      # tiny shapes, each variant run once (CPU too)
+
+GPT rows: one nanoGPT training step (forward, loss, backward, AdamW with nanoGPT's decay groups) in
+bf16 autocast on both sides from the same fp32 weights: ge2's GPT (flash attention, gelu fused into
+c_fc's GEMM, fused linear + cross-entropy loss, its multi-tensor AdamW) against the same model in
+torch (``bench/torch_gpt.py``: SDPA, full logits + cross-entropy, ``AdamW(fused=True)``; the CUDA
+graph variant ``capturable=True`` and autocast without its weight cache, as torch requires inside a
+graph). Two sizes: nanoGPT's shakespeare-char (6 layers, 6 heads, width 384, block 256, batch 64,
+vocab 65) and GPT-2 small (12/12/768, block 1024, batch 8, vocab 50304). Rows give ms, tokens/s
+and MFU (model FLOPs 6N + 12 L C T per token over the GPU's dense bf16 peak).
 
 One step = forward, cross-entropy loss, backward, SGD momentum (0.9) step, on synthetic batches
 (four random batches cycled, the same for every variant). Models: MLP 784-1024-1024-10 (ReLU) at
@@ -35,6 +45,9 @@ import ge2  # noqa: E402
 import ge2.nn as gnn  # noqa: E402
 import ge2.nn.functional as gF  # noqa: E402
 from bench.harness import Bench  # noqa: E402
+from bench.torch_gpt import TorchGPT  # noqa: E402
+from ge2.models import GPT  # noqa: E402
+from ge2.train_gpt import peak_flops  # noqa: E402
 
 PREDICTION = ("eager steps are host-bound: a replayed ge2 op costs ~10 us of host time (call plan: C key, "
               "allocation, ge2_native launch) vs torch's ~8-10, but ge2 runs fewer ops per step (fused bias/act epilogues, fused CE); "
@@ -42,6 +55,11 @@ PREDICTION = ("eager steps are host-bound: a replayed ge2 op costs ~10 us of hos
               "of fused CE / bias-grad / SGD kernels = ~0.21 ms vs torch graph 0.32 ms (cuBLAS SGEMM ~30-40 us "
               "each); b4096: ~0.8 ms vs 1.09 ms; CNN b64 is decided by the conv kernels (issue 5)")
 
+GPT_PREDICTION = ("GPT steps, captured. shakespeare-char: 1.16 TFLOP per step (6N + 12LCT per token, 16k tokens), "
+                  "K = 384 GEMMs at ~350 TFLOP/s -> ~3.3 ms, plus ~1.5 GB of LayerNorm/residual/embedding/AdamW "
+                  "traffic at ~2.5 TB/s -> ~0.6 ms: ~4-5 ms vs torch graph 8.2 (MFU ~14%). GPT-2 small: 7.0 TFLOP "
+                  "(the 50304-wide head is 1.9 of it) at ~500 TFLOP/s -> 14 ms + ~2 ms of memory passes: ~16 ms vs "
+                  "torch.compile 22.5")
 LR, MOMENTUM = 0.01, 0.9
 
 
@@ -81,6 +99,116 @@ def copy_weights(ref: torch.nn.Module, mine: gnn.Module) -> None:
         m.data.copy_(r.data.reshape(m.shape))
 
 
+GPT_CONFIGS = {
+    "gpt-char": (dict(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384), 64),
+    "gpt2-small": (dict(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768), 8),
+}
+GPT_SMOKE = (dict(vocab_size=29, block_size=16, n_layer=2, n_head=2, n_embd=16), 2)
+GPT_LR = 6e-4
+
+
+def gpt_pair(cfg: dict):
+    """ge2's GPT and torch's twin holding the same fp32 weights (nanoGPT's init, no dropout, no biases as
+    nanoGPT's train.py)."""
+    ge2.manual_seed(0)
+    mine = GPT(**cfg, dropout=0.0, bias=False)
+    ref = TorchGPT(**cfg, dropout=0.0, bias=False).to(mine.lm_head.weight.device)
+    ref.load_state_dict({k: v.data for k, v in mine.state_dict().items()})
+    return ref, mine
+
+
+def torch_gpt_variants(model: TorchGPT, batches, compile_it: bool):
+    """torch eager, whole-step CUDA graph and torch.compile steps of a bf16-autocast GPT."""
+    it = [0]
+
+    def make_step(forward, opt, cache: bool):
+        def step(x, y):
+            with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache):
+                _, loss = forward(x, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+
+    eager_step = make_step(model, model.configure_optimizer(GPT_LR, fused=True), True)
+    graph_step = make_step(model, model.configure_optimizer(GPT_LR, fused=True, capturable=True), False)
+
+    def eager():
+        it[0] += 1
+        return eager_step(*batches[it[0] % len(batches)])
+
+    replay = _torch_graph(graph_step, batches, it)
+    compiled = None
+    if compile_it:
+        compiled_step = make_step(torch.compile(model), model.configure_optimizer(GPT_LR, fused=True), True)
+
+        def compiled():
+            it[0] += 1
+            return compiled_step(*batches[it[0] % len(batches)])
+
+        compiled()  # compile outside the timing
+    return eager, replay, compiled
+
+
+def ge2_gpt_variants(model: GPT, batches):
+    """ge2 eager and captured steps of a bf16-autocast GPT."""
+    opt = model.configure_optimizer(GPT_LR)
+
+    def step(x, y):
+        with ge2.autocast(x.device.type, dtype=torch.bfloat16):
+            _, loss = model(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    return _ge2_runners(step, batches)
+
+
+def _torch_graph(step, batches, it):
+    """The whole step as one CUDA graph, as in torch's "whole network capture" recipe; returns replay()."""
+    sx, sy = batches[0][0].clone(), batches[0][1].clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step(sx, sy)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_loss = step(sx, sy)
+
+    def replay():
+        it[0] += 1
+        x, y = batches[it[0] % len(batches)]
+        sx.copy_(x)
+        sy.copy_(y)
+        graph.replay()
+        return static_loss
+
+    return replay
+
+
+def _ge2_runners(step, batches):
+    """(eager, replay, captured) over ge2 copies of the batches; the capture is made before timing."""
+    gbatches = [(ge2.from_torch(x), ge2.from_torch(y)) for x, y in batches]
+    it = [0]
+    captured = ge2.capture(step)
+
+    def eager():
+        it[0] += 1
+        return step(*gbatches[it[0] % len(gbatches)])
+
+    def replay():
+        it[0] += 1
+        return captured(*gbatches[it[0] % len(gbatches)])
+
+    for _ in range(3):
+        replay()  # two warm-up steps and the capture
+    return eager, replay, captured
+
+
 def torch_variants(model: torch.nn.Module, batches, compile_it: bool):
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     it = [0]
@@ -96,27 +224,7 @@ def torch_variants(model: torch.nn.Module, batches, compile_it: bool):
         it[0] += 1
         return step(*batches[it[0] % len(batches)])
 
-    # whole-step CUDA graph, as in torch's "whole network capture" recipe
-    sx, sy = batches[0][0].clone(), batches[0][1].clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step(sx, sy)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    opt.zero_grad(set_to_none=True)
-    with torch.cuda.graph(graph):
-        static_loss = step(sx, sy)
-
-    def replay():
-        it[0] += 1
-        x, y = batches[it[0] % len(batches)]
-        sx.copy_(x)
-        sy.copy_(y)
-        graph.replay()
-        return static_loss
-
+    replay = _torch_graph(step, batches, it)
     compiled = None
     if compile_it:
         fwd = torch.compile(lambda x, y: torch.nn.functional.cross_entropy(model(x), y))
@@ -136,8 +244,6 @@ def torch_variants(model: torch.nn.Module, batches, compile_it: bool):
 
 def ge2_variants(model: gnn.Module, batches):
     opt = ge2.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    gbatches = [(ge2.from_torch(x), ge2.from_torch(y)) for x, y in batches]
-    it = [0]
 
     def step(x, y):
         opt.zero_grad()
@@ -146,25 +252,58 @@ def ge2_variants(model: gnn.Module, batches):
         opt.step()
         return loss
 
-    captured = ge2.capture(step)
+    return _ge2_runners(step, batches)
 
-    def eager():
-        it[0] += 1
-        return step(*gbatches[it[0] % len(gbatches)])
 
-    def replay():
-        it[0] += 1
-        return captured(*gbatches[it[0] % len(gbatches)])
+def _ratios(row: dict) -> None:
+    if row.get("ge2_graph_ms") and row.get("torch_graph_ms"):
+        row["ge2_graph_over_torch_graph"] = row["ge2_graph_ms"] / row["torch_graph_ms"]
+    if row.get("ge2_ms") and row.get("torch_ms"):
+        row["ge2_eager_over_torch_eager"] = row["ge2_ms"] / row["torch_ms"]
+    print(f"  ge2 captured / torch graph = {row.get('ge2_graph_over_torch_graph', float('nan')):.2f}   "
+          f"ge2 eager / torch eager = {row.get('ge2_eager_over_torch_eager', float('nan')):.2f}", flush=True)
 
-    for _ in range(3):
-        replay()  # two warm-up steps and the capture
-    return eager, replay, captured
+
+def gpt_rows(bench: Bench | None, smoke: bool, compile_it: bool) -> None:
+    """The GPT rows: ms per step, tokens/s and MFU of every variant."""
+    device = ge2.device()
+    for name, (cfg, batch) in ({"gpt-smoke": GPT_SMOKE} if smoke else GPT_CONFIGS).items():
+        ref, mine = gpt_pair(cfg)
+        T = cfg["block_size"]
+        g = torch.Generator().manual_seed(T)
+        batches = [tuple(torch.randint(0, cfg["vocab_size"], (batch, T), generator=g).to(device) for _ in range(2))
+                   for _ in range(4)]
+        g_eager, g_replay, captured = ge2_gpt_variants(mine, batches)
+        if bench is None:  # smoke: run everything once
+            g_eager(), g_replay()
+            print("ok", name, batch, flush=True)
+            continue
+        t_eager, t_replay, t_compiled = torch_gpt_variants(ref, batches, compile_it)
+        row = bench.add({"model": name, "batch": batch, "block": T}, ge2=g_eager, ge2_graph=g_replay,
+                        torch=t_eager, torch_graph=t_replay, torch_compile=t_compiled)
+        assert captured.captures == 1, captured  # every timed replay reused the one graph
+        tokens, flops = batch * T, mine.flops_per_token(T) * batch * T
+        peak = peak_flops(device, "bf16")
+        for key in ("ge2", "ge2_graph", "torch", "torch_graph", "torch_compile"):
+            if row.get(f"{key}_ms"):
+                row[f"{key}_tokens_per_s"] = tokens / (row[f"{key}_ms"] * 1e-3)
+                row[f"{key}_tflops"] = flops / (row[f"{key}_ms"] * 1e-3) / 1e12
+                if peak:
+                    row[f"{key}_mfu"] = flops / (row[f"{key}_ms"] * 1e-3) / peak
+        best = min(row[f"{k}_ms"] for k in ("torch", "torch_graph", "torch_compile") if row.get(f"{k}_ms"))
+        row["ge2_graph_over_torch_best"] = row["ge2_graph_ms"] / best
+        print(f"  {name}: ge2 captured {row['ge2_graph_ms']:.2f} ms = {row['ge2_graph_over_torch_best']:.2f}x torch's "
+              f"best ({best:.2f} ms), MFU {100 * row.get('ge2_graph_mfu', float('nan')):.1f}%", flush=True)
+        _ratios(row)
+        del ref, mine, batches, g_eager, g_replay, captured, t_eager, t_replay, t_compiled
+        torch.cuda.empty_cache()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny batches, each variant once (CPU too)")
-    ap.add_argument("--tf32", action="store_true", help="TF32 matmuls/convs on both sides")
+    ap.add_argument("--only", choices=("mlp-cnn", "gpt"), default=None, help="only these rows")
+    ap.add_argument("--tf32", action="store_true", help="TF32 matmuls/convs on both sides (MLP/CNN rows)")
     ap.add_argument("--ieee", action="store_true", help="ge2's CUDA-core fp32 matmuls (torch: fp32 as usual)")
     ap.add_argument("--compile-all", action="store_true", help="torch.compile every shape, not only the targets")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
@@ -173,6 +312,8 @@ def main() -> None:
     targets = {("mlp", 512), ("cnn", 64)}
     if args.smoke:
         cases = [("mlp", 4), ("cnn", 2)]
+    if args.only == "gpt":
+        cases = []
     if not torch.cuda.is_available() and not args.smoke:
         sys.exit("bench_train: needs a GPU (use --smoke on the CPU)")
     cuda = torch.cuda.is_available()
@@ -181,34 +322,37 @@ def main() -> None:
     ge2.set_matmul_precision(precision)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
     torch.backends.cudnn.benchmark = True
-    bench = Bench("train_step" + ("" if precision == "tf32x3" else "_" + precision), warmup_ms=50, rep_ms=100,
-                  rounds=5)
-    print(PREDICTION)
-    for model_name, batch in cases:
-        ref, mine, shape = (mlp_pair if model_name == "mlp" else cnn_pair)()
-        ref, mine = ref.to(device), mine.to(device)
-        copy_weights(ref, mine)
-        g = torch.Generator().manual_seed(batch)
-        batches = [(torch.randn(batch, *shape, generator=g).to(device),
-                    torch.randint(0, 10, (batch,), generator=g).to(device)) for _ in range(4)]
-        g_eager, g_replay, captured = ge2_variants(mine, batches)
-        if not cuda:  # smoke: run everything once
-            g_eager(), g_replay()
-            print("ok", model_name, batch, flush=True)
-            continue
-        t_eager, t_replay, t_compiled = torch_variants(
-            ref, batches, compile_it=not args.no_compile and (args.compile_all or (model_name, batch) in targets))
-        row = bench.add({"model": model_name, "batch": batch}, ge2=g_eager, ge2_graph=g_replay, torch=t_eager,
-                        torch_graph=t_replay, torch_compile=t_compiled)
-        assert captured.captures == 1, captured  # every timed replay reused the one graph
-        if row.get("ge2_graph_ms") and row.get("torch_graph_ms"):
-            row["ge2_graph_over_torch_graph"] = row["ge2_graph_ms"] / row["torch_graph_ms"]
-        if row.get("ge2_ms") and row.get("torch_ms"):
-            row["ge2_eager_over_torch_eager"] = row["ge2_ms"] / row["torch_ms"]
-        print(f"  ge2 captured / torch graph = {row.get('ge2_graph_over_torch_graph', float('nan')):.2f}   "
-              f"ge2 eager / torch eager = {row.get('ge2_eager_over_torch_eager', float('nan')):.2f}", flush=True)
-    if cuda:
-        bench.report(prediction=PREDICTION, precision=precision)
+    if args.only != "gpt" and cases:
+        bench = Bench("train_step" + ("" if precision == "tf32x3" else "_" + precision), warmup_ms=50, rep_ms=100,
+                      rounds=5)
+        print(PREDICTION)
+        for model_name, batch in cases:
+            ref, mine, shape = (mlp_pair if model_name == "mlp" else cnn_pair)()
+            ref, mine = ref.to(device), mine.to(device)
+            copy_weights(ref, mine)
+            g = torch.Generator().manual_seed(batch)
+            batches = [(torch.randn(batch, *shape, generator=g).to(device),
+                        torch.randint(0, 10, (batch,), generator=g).to(device)) for _ in range(4)]
+            g_eager, g_replay, captured = ge2_variants(mine, batches)
+            if not cuda:  # smoke: run everything once
+                g_eager(), g_replay()
+                print("ok", model_name, batch, flush=True)
+                continue
+            t_eager, t_replay, t_compiled = torch_variants(
+                ref, batches, compile_it=not args.no_compile and (args.compile_all or (model_name, batch) in targets))
+            row = bench.add({"model": model_name, "batch": batch}, ge2=g_eager, ge2_graph=g_replay, torch=t_eager,
+                            torch_graph=t_replay, torch_compile=t_compiled)
+            assert captured.captures == 1, captured  # every timed replay reused the one graph
+            _ratios(row)
+        if cuda:
+            bench.report(prediction=PREDICTION, precision=precision)
+    if args.only in (None, "gpt"):
+        ge2.set_matmul_precision("tf32x3")  # fp32 leftovers outside autocast keep fp32 accuracy
+        print(GPT_PREDICTION)
+        bench = Bench("train_step_gpt", warmup_ms=50, rep_ms=200, rounds=5) if cuda else None
+        gpt_rows(bench, args.smoke, compile_it=not args.no_compile)
+        if bench is not None:
+            bench.report(prediction=GPT_PREDICTION, precision="bf16 autocast")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ import math
 import pytest
 import safetensors.torch
 import torch
-import torch.nn.functional as TF
 from numerics import DEVICE, LARGE, assert_matches, randn, rel_error
 
 import ge2
@@ -16,51 +15,7 @@ from ge2 import backend, cli
 from ge2.autograd.sampling import multinomial, top_k_mask
 from ge2.models import GPT
 
-
-# ---------------------------------------------------------------------------------------------
-# the torch reference: nanoGPT's model, written out
-# ---------------------------------------------------------------------------------------------
-class TorchBlock(torch.nn.Module):
-    def __init__(self, C: int, H: int, bias: bool):
-        super().__init__()
-        self.n_head = H
-        self.ln_1 = torch.nn.LayerNorm(C, bias=bias)
-        self.attn = torch.nn.Module()
-        self.attn.c_attn = torch.nn.Linear(C, 3 * C, bias=bias)
-        self.attn.c_proj = torch.nn.Linear(C, C, bias=bias)
-        self.ln_2 = torch.nn.LayerNorm(C, bias=bias)
-        self.mlp = torch.nn.Module()
-        self.mlp.c_fc = torch.nn.Linear(C, 4 * C, bias=bias)
-        self.mlp.c_proj = torch.nn.Linear(4 * C, C, bias=bias)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.attn.c_attn(self.ln_1(x)).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = TF.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
-        x = x + self.attn.c_proj(y)
-        return x + self.mlp.c_proj(TF.gelu(self.mlp.c_fc(self.ln_2(x))))
-
-
-class TorchGPT(torch.nn.Module):
-    def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd, bias=True, **_):
-        super().__init__()
-        self.transformer = torch.nn.ModuleDict(dict(
-            wte=torch.nn.Embedding(vocab_size, n_embd), wpe=torch.nn.Embedding(block_size, n_embd),
-            h=torch.nn.ModuleList(TorchBlock(n_embd, n_head, bias) for _ in range(n_layer)),
-            ln_f=torch.nn.LayerNorm(n_embd, bias=bias)))
-        self.lm_head = torch.nn.Linear(n_embd, vocab_size, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight
-
-    def forward(self, idx, targets=None):
-        tr = self.transformer
-        x = tr.wte(idx) + tr.wpe(torch.arange(idx.shape[1], device=idx.device))
-        for block in tr.h:
-            x = block(x)
-        logits = self.lm_head(tr.ln_f(x))
-        if targets is None:
-            return logits, None
-        return logits, TF.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
+from bench.torch_gpt import TorchGPT  # nanoGPT in torch: the reference
 
 
 CFG = dict(vocab_size=29, block_size=9, n_layer=2, n_head=2, n_embd=12)
