@@ -63,7 +63,7 @@ from ge2.autograd.math import (  # noqa: F401
     unsqueeze,
     where,
 )
-from ge2.autograd.linalg import matmul  # noqa: F401
+from ge2.autograd.linalg import addmm, bmm, matmul, mm  # noqa: F401
 
 from torch import (  # noqa: F401,E402  (dtypes are torch's: ge2 tensors hold torch memory)
     bfloat16,
