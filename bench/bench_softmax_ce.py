@@ -251,7 +251,7 @@ def bench_linear_cross_entropy(bench: Bench, N: int, H: int, V: int, dtype) -> N
 
     def ge2_fn():
         x.grad = W.grad = b.grad = None
-        F.linear_cross_entropy(x, W, b, tt).backward()
+        F.linear_cross_entropy(x, W, tt, linear_bias=b).backward()
 
     xt, Wt, bt = (v.clone().requires_grad_() for v in (x0, W0, b0))
 

@@ -402,7 +402,7 @@ def test_an_op_recorded_while_its_inner_ops_replay():
         x, w, b = randn(N, H), randn(V, H), randn(V)
         t = torch.randint(0, V, (N,), generator=torch.Generator().manual_seed(step)).to(DEVICE)
         gx, gw, gb = (ge2.from_torch(v, requires_grad=True) for v in (x, w, b))
-        loss = F.linear_cross_entropy(gx, gw, gb, ge2.from_torch(t))
+        loss = F.linear_cross_entropy(gx, gw, ge2.from_torch(t), linear_bias=gb)
         loss.backward()
         tx, tw, tb = (v.clone().requires_grad_() for v in (x, w, b))
         ref = torch.nn.functional.cross_entropy(tx @ tw.T + tb, t)

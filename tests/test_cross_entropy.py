@@ -392,8 +392,8 @@ def test_linear_cross_entropy(transposed, with_bias, chunk_rows, reduction):
     W = ge2.from_torch(W0, requires_grad=True)
     b = ge2.from_torch(randn(V, seed=35), requires_grad=True) if with_bias else None
     t = _targets((N,), V, seed=36, ignore_every=5)
-    loss = F.linear_cross_entropy(x, W, b, ge2.from_torch(t), transposed_weight=transposed, chunk_rows=chunk_rows,
-                                  reduction=reduction, label_smoothing=0.1)
+    loss = F.linear_cross_entropy(x, W, ge2.from_torch(t), linear_bias=b, transposed_weight=transposed,
+                                  chunk_rows=chunk_rows, reduction=reduction, label_smoothing=0.1)
     gy = 0.7
     loss.backward(ge2.from_torch(torch.tensor(gy, device=DEVICE)))
     args = (x.data, W0, b.data if b is not None else None, t, transposed)
@@ -413,7 +413,7 @@ def test_linear_cross_entropy_half_precision(dtype):
     W0 = (randn(V, H, seed=38) * 0.1).to(dtype)
     W = ge2.from_torch(W0, requires_grad=True)
     t = _targets((N,), V, seed=39, ignore_every=7)
-    F.linear_cross_entropy(x, W, None, ge2.from_torch(t), chunk_rows=N // 3 + 1).backward()
+    F.linear_cross_entropy(x, W, ge2.from_torch(t), chunk_rows=N // 3 + 1).backward()
     ref64 = _lce_reference(x.data, W0, None, t, False, torch.float64)
     ref16 = _lce_reference(x.data, W0, None, t, False, dtype)
     assert_matches(x.grad.data, ref64[1], ref16[1], name="dx")
@@ -425,8 +425,10 @@ def test_linear_cross_entropy_errors():
     t = _targets((4,), 7, seed=40, ignore_every=0)
     with pytest.raises(ValueError, match=r"linear_cross_entropy: x \[4, 5\] has 5 features but weight \[7, 6\]"):
         call("linear_cross_entropy", x, W, None, t)
-    with pytest.raises(ValueError, match="linear_cross_entropy: reduction must be 'mean' or 'sum'"):
-        call("linear_cross_entropy", x, randn(7, 5), None, t, reduction="none")
+    with pytest.raises(ValueError, match="linear_cross_entropy: reduction must be one of"):
+        call("linear_cross_entropy", x, randn(7, 5), None, t, reduction="avg")
+    with pytest.raises(ValueError, match=r"linear_cross_entropy: weight must be \[7\] \(one per class\)"):
+        call("linear_cross_entropy", x, randn(7, 5), None, t, randn(6))
     with pytest.raises(ValueError, match="linear_cross_entropy: 1 target value"):
         call("linear_cross_entropy", x, randn(7, 5), None, torch.tensor([0, 1, 7, 2], device=DEVICE))
         K.check_pending_targets()  # (on the GPU the count is read without a sync, by the next check)

@@ -217,36 +217,63 @@ def binary_cross_entropy_with_logits(x: Tensor, target: Tensor, weight: Tensor |
 # linear + cross-entropy (LM head)
 # ---------------------------------------------------------------------------------------------
 class LinearCrossEntropy(Function):
-    """loss = cross_entropy(x @ W^T + b, target) in row chunks; dx, dW, db computed in forward."""
+    """loss = cross_entropy(x @ W^T + b, target) in row chunks; for a reduced loss dx, dW, db are computed
+    in forward; for reduction='none' backward runs the chunked pass again with the per-row gy."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, target, ignore_index, reduction, label_smoothing, transposed_weight,
-                chunk_rows, check_targets):
+    def forward(ctx, x, weight, bias, target, class_weight, attrs):
         need = ctx.needs_input_grad
-        loss, *grads = call("linear_cross_entropy", x, weight, bias, target, ignore_index=ignore_index,
-                            reduction=reduction, label_smoothing=label_smoothing,
-                            transposed_weight=transposed_weight, chunk_rows=chunk_rows,
-                            check_targets=check_targets, need_x=need[0], need_weight=need[1], need_bias=need[2])
-        ctx.grads = grads
+        ctx.attrs, ctx.grads = attrs, None
+        loss, *grads = call("linear_cross_entropy", x, weight, bias, target, class_weight, **attrs,
+                            need_x=need[0], need_weight=need[1], need_bias=need[2])
+        if attrs["reduction"] == "none":
+            ctx.save_for_backward(x, weight, bias, target, class_weight)
+        else:
+            ctx.grads = grads
         return loss
 
     @staticmethod
     def backward(ctx, gy):
+        need = ctx.needs_input_grad
+        if ctx.attrs["reduction"] == "none":
+            x, weight, bias, target, class_weight = ctx.saved_tensors
+            attrs = {k: v for k, v in ctx.attrs.items() if k not in ("reduction", "check_targets", "out_dtype")}
+            grads = call("linear_cross_entropy_rows_backward", gy, x, weight, bias, target, class_weight, **attrs,
+                         need_x=need[0], need_weight=need[1], need_bias=need[2])
+            return (*grads, None, None, None)
         if ctx.grads is None:
             raise RuntimeError("linear_cross_entropy: backward ran a second time; its gradients are consumed "
                                "by the first backward")
         grads, ctx.grads = ctx.grads, None
         scaled = call("linear_cross_entropy_backward", gy, *grads)
-        return (*scaled, None, None, None, None, None, None, None)
+        return (*scaled, None, None, None)
 
 
-def linear_cross_entropy(x: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, *,
-                         ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
-                         transposed_weight: bool = False, chunk_rows: int | None = None,
+def linear_cross_entropy(input: Tensor, linear_weight: Tensor, target: Tensor, *, linear_bias: Tensor | None = None,
+                         weight: Tensor | None = None, reduction: str = "mean", ignore_index: int = -100,
+                         label_smoothing: float = 0.0, transposed_weight: bool = False, chunk_rows: int | None = None,
                          check_targets: bool | None = None) -> Tensor:
-    """cross_entropy(x [N, H] @ W^T + b, target [N]) with W [V, H] ([H, V] if transposed_weight), never
-    materialising the N x V logits. reduction 'mean' or 'sum'."""
-    if _amp_state.on:  # a matmul inside: its operands take the low dtype, as linear's do
-        x, weight, bias = _amp.cast_low(x, weight, bias)
-    return LinearCrossEntropy.apply(x, weight, bias, target, ignore_index, reduction, label_smoothing,
-                                    transposed_weight, chunk_rows, check_targets)
+    """cross_entropy(input @ linear_weight^T + linear_bias, target, weight) without materialising the N x V logits
+    (torch.nn.functional.linear_cross_entropy's signature; ``weight`` holds the class weights).
+
+    input [N, H] or [H]; linear_weight [V, H] ([H, V] with ``transposed_weight``); target [N] (0-d for a
+    1-D input) class indices; reduction 'mean' | 'sum' | 'none' ([N], or 0-d for a 1-D input).
+    ``chunk_rows``: rows per chunk of logits (default ~256 MB of them); ``check_targets`` as cross_entropy's.
+    Under ``ge2.autocast`` the matmul runs in the low dtype and the loss comes out fp32, as torch's does.
+    """
+    out_dtype = None
+    if _amp_state.on:  # a matmul inside: its operands take the low dtype, as linear's do; the loss is fp32
+        input, linear_weight, linear_bias = _amp.cast_low(input, linear_weight, linear_bias)
+        (weight,) = _amp.cast_fp32(weight)
+        out_dtype = torch.float32
+    one_row = isinstance(input, Tensor) and input.ndim == 1
+    if one_row:
+        if not isinstance(target, Tensor) or target.ndim != 0:
+            got = list(target.shape) if isinstance(target, Tensor) else type(target).__name__
+            raise ValueError(f"linear_cross_entropy: a 1-D input [{input.shape[0]}] needs a 0-d target, got {got}")
+        input, target = input.reshape(1, input.shape[0]), target.reshape(1)
+    attrs = dict(ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing,
+                 transposed_weight=transposed_weight, chunk_rows=chunk_rows, check_targets=check_targets,
+                 out_dtype=out_dtype)
+    loss = LinearCrossEntropy.apply(input, linear_weight, linear_bias, target, weight, attrs)
+    return loss.reshape(()) if one_row and reduction == "none" else loss

@@ -198,8 +198,9 @@ register("binary_cross_entropy_with_logits_backward", "triton")(
 LCE_CHUNK_BYTES = 256 * 2**20  # the logits of one chunk of rows; the full N x V never exists
 
 
-def _check_linear_cross_entropy(op: str, x, weight, bias, target, *, ignore_index=-100, reduction="mean",
-                                label_smoothing=0.0, transposed_weight=False, chunk_rows=None, **_flags) -> None:
+def _check_linear_cross_entropy(op: str, x, weight, bias, target, class_weight=None, *, ignore_index=-100,
+                                reduction="mean", label_smoothing=0.0, transposed_weight=False, chunk_rows=None,
+                                out_dtype=None, **_flags) -> None:
     H = x.shape[1]
     V, Hw = (weight.shape[1], weight.shape[0]) if transposed_weight else (weight.shape[0], weight.shape[1])
     layout = "[H, V]" if transposed_weight else "[V, H]"
@@ -213,13 +214,12 @@ def _check_linear_cross_entropy(op: str, x, weight, bias, target, *, ignore_inde
         raise ValueError(f"{op}: bias must be [{V}] (one per class), got {shape_str(bias.shape)}")
     if tuple(target.shape) != (x.shape[0],):
         raise ValueError(f"{op}: target must be [{x.shape[0]}] (one class per row of x), got {shape_str(target.shape)}")
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"{op}: reduction must be 'mean' or 'sum' (the gradient is produced in the forward "
-                         f"chunks), got {reduction!r}")
-    _check_class_target(op, x.new_empty((1, V)).expand(1, V), target[:1], ignore_index=ignore_index,
+    _check_class_target(op, x.new_empty((1, V)).expand(1, V), target[:1], class_weight, ignore_index=ignore_index,
                         reduction=reduction, label_smoothing=label_smoothing)
     if chunk_rows is not None and (not isinstance(chunk_rows, int) or chunk_rows < 1):
         raise ValueError(f"{op}: chunk_rows must be a positive int, got {chunk_rows!r}")
+    if out_dtype not in (None, torch.float32):
+        raise TypeError(f"{op}: out_dtype must be None (x's dtype) or torch.float32, got {out_dtype}")
 
 
 def _default_chunk_rows(n: int, row_bytes: int) -> int:
@@ -233,23 +233,25 @@ def _default_chunk_rows(n: int, row_bytes: int) -> int:
     return target
 
 
-defop("linear_cross_entropy", Schema((
-    TensorArg("x", (torch.float16, torch.bfloat16, torch.float32), ndim=(2,)),
-    TensorArg("weight", (torch.float16, torch.bfloat16, torch.float32), ndim=(2,)),
-    TensorArg("bias", (torch.float16, torch.bfloat16, torch.float32), ndim=(1,), optional=True),
+_LCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_LCE_INPUTS = (
+    TensorArg("x", _LCE_DTYPES, ndim=(2,)),
+    TensorArg("weight", _LCE_DTYPES, ndim=(2,)),
+    TensorArg("bias", _LCE_DTYPES, ndim=(1,), optional=True),
     TensorArg("target", TARGET_DTYPES, ndim=(1,)),
-), _check_linear_cross_entropy))
+    TensorArg("class_weight", FLOAT_DTYPES, ndim=(1,), optional=True),
+)
+defop("linear_cross_entropy", Schema(_LCE_INPUTS, _check_linear_cross_entropy))
 
 
-@register("linear_cross_entropy", "triton", dtypes=(torch.float16, torch.bfloat16, torch.float32))
-def linear_cross_entropy(x, weight, bias, target, *, ignore_index=-100, reduction="mean", label_smoothing=0.0,
-                         transposed_weight=False, chunk_rows=None, check_targets=None,
-                         need_x=True, need_weight=True, need_bias=True):
-    """(loss, dx, dweight, dbias) for gy = 1 of cross_entropy(x @ W^T + b, target); grads None where not needed.
+def _lce_chunks(x, weight, bias, target, class_weight, stats, row_loss, *, ignore_index, label_smoothing,
+                transposed_weight, chunk_rows, mean, need_x, need_weight, need_bias, gy_rows=None):
+    """The chunked pass: row losses into row_loss and, where needed, (dx, dweight, dbias) for gy = 1 (or per-row gy).
 
     Rows are processed in chunks: logits_c = x_c @ W^T + b (GEMM), the fused CE pass turns them
-    into dlogits_c in place, then dx_c = dlogits_c @ W and dW += dlogits_c^T @ x_c (GEMMs), so
-    only one chunk of logits exists at a time. dW accumulates in W's dtype (one rounding per chunk).
+    into dlogits_c in place (scaled row by row by ``gy_rows`` when given), then dx_c = dlogits_c @ W
+    and dW += dlogits_c^T @ x_c (GEMMs), so only one chunk of logits exists at a time. dW
+    accumulates in W's dtype (one rounding per chunk).
     """
     from ge2.backend.registry import call
     from ge2.kernels import gemm as G
@@ -257,8 +259,6 @@ def linear_cross_entropy(x, weight, bias, target, *, ignore_index=-100, reductio
     N = x.shape[0]
     V = weight.shape[1] if transposed_weight else weight.shape[0]
     need_bias = need_bias and bias is not None
-    stats = CE.target_stats("linear_cross_entropy", target, V, weight=None, ignore_index=ignore_index, inner=1)
-    row_loss = torch.empty(N, dtype=torch.float32, device=x.device)
     dx = torch.empty_like(x) if need_x else None
     dw = torch.empty_like(weight) if need_weight else None
     db = torch.empty(V, dtype=torch.float32, device=x.device) if need_bias else None
@@ -269,7 +269,10 @@ def linear_cross_entropy(x, weight, bias, target, *, ignore_index=-100, reductio
         logits, _ = call("gemm", xc, weight, bias=bias, trans_b=not transposed_weight,
                          bias_kind="per_n" if bias is not None else "none")
         CE.cross_entropy_rows(logits, tc, stats, row_loss[n0:n0 + rows], logits if any_grad else None,
-                              ignore_index=ignore_index, label_smoothing=label_smoothing, mean=reduction == "mean")
+                              weight=class_weight, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                              mean=mean)
+        if any_grad and gy_rows is not None:
+            CE.cross_entropy_scale_grad_(logits, gy_rows[n0:n0 + rows])
         if need_x:
             dxc, _ = call("gemm", logits, weight, trans_b=transposed_weight)
             dx[n0:n0 + rows].copy_(dxc)
@@ -287,11 +290,59 @@ def linear_cross_entropy(x, weight, bias, target, *, ignore_index=-100, reductio
                 dw, _ = call("gemm", a, b, c=dw, trans_a=True, beta=1.0)
         if need_bias:
             CE.column_sums_(logits, db, accumulate=n0 > 0)
-    loss = sum_to_scalar(row_loss, x.dtype, denom=stats if reduction == "mean" else None)
-    CE.raise_on_bad_targets("linear_cross_entropy", stats, V, ignore_index, check_targets)
     if need_bias and bias.dtype != torch.float32:
         db = db.to(bias.dtype)
+    return dx, dw, db
+
+
+@register("linear_cross_entropy", "triton", dtypes=_LCE_DTYPES)
+def linear_cross_entropy(x, weight, bias, target, class_weight=None, *, ignore_index=-100, reduction="mean",
+                         label_smoothing=0.0, transposed_weight=False, chunk_rows=None, check_targets=None,
+                         out_dtype=None, need_x=True, need_weight=True, need_bias=True):
+    """(loss, dx, dweight, dbias) of cross_entropy(x @ W^T + b, target, class_weight); grads for gy = 1, None
+    where not needed. reduction 'none' gives the row losses [N] and no grads (they need gy: see
+    ``linear_cross_entropy_rows_backward``). The loss has ``out_dtype`` (default x's dtype)."""
+    V = weight.shape[1] if transposed_weight else weight.shape[0]
+    stats = CE.target_stats("linear_cross_entropy", target, V, weight=class_weight, ignore_index=ignore_index,
+                            inner=1)
+    none = reduction == "none"
+    row_loss = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+    dx, dw, db = _lce_chunks(x, weight, bias, target, class_weight, stats, row_loss, ignore_index=ignore_index,
+                             label_smoothing=label_smoothing, transposed_weight=transposed_weight,
+                             chunk_rows=chunk_rows, mean=reduction == "mean", need_x=need_x and not none,
+                             need_weight=need_weight and not none, need_bias=need_bias and not none)
+    out_dtype = out_dtype or x.dtype
+    if none:
+        loss = row_loss if out_dtype == torch.float32 else row_loss.to(out_dtype)
+    else:
+        loss = sum_to_scalar(row_loss, out_dtype, denom=stats if reduction == "mean" else None)
+    CE.raise_on_bad_targets("linear_cross_entropy", stats, V, ignore_index, check_targets)
     return loss, dx, dw, db
+
+
+def _check_lce_rows_backward(op: str, gy, x, weight, bias, target, class_weight=None, **attrs) -> None:
+    _check_linear_cross_entropy(op, x, weight, bias, target, class_weight, **attrs)
+    if tuple(gy.shape) != (x.shape[0],):
+        raise ValueError(f"{op}: gy must be [{x.shape[0]}] (one per row, reduction='none'), got {shape_str(gy.shape)}")
+
+
+defop("linear_cross_entropy_rows_backward",
+      Schema((TensorArg("gy", FLOAT_DTYPES, ndim=(1,)),) + _LCE_INPUTS, _check_lce_rows_backward))
+
+
+@register("linear_cross_entropy_rows_backward", "triton", dtypes=_LCE_DTYPES)
+def linear_cross_entropy_rows_backward(gy, x, weight, bias, target, class_weight=None, *, ignore_index=-100,
+                                       label_smoothing=0.0, transposed_weight=False, chunk_rows=None,
+                                       need_x=True, need_weight=True, need_bias=True, **_attrs):
+    """(dx, dweight, dbias) of reduction='none' for per-row gy [N]: the chunked pass again, each chunk's
+    dlogits scaled by its rows' gy before the gradient GEMMs."""
+    V = weight.shape[1] if transposed_weight else weight.shape[0]
+    stats = CE.target_stats("linear_cross_entropy", target, V, weight=class_weight, ignore_index=ignore_index,
+                            inner=1)
+    row_loss = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+    return _lce_chunks(x, weight, bias, target, class_weight, stats, row_loss, ignore_index=ignore_index,
+                       label_smoothing=label_smoothing, transposed_weight=transposed_weight, chunk_rows=chunk_rows,
+                       mean=False, need_x=need_x, need_weight=need_weight, need_bias=need_bias, gy_rows=gy)
 
 
 def _check_lce_backward(op: str, gy, *grads) -> None:

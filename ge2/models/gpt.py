@@ -206,7 +206,7 @@ class GPT(Module):
         if not isinstance(targets, Tensor) or tuple(targets.shape) != (B, T):
             got = shape_str(targets.shape) if isinstance(targets, Tensor) else type(targets).__name__
             raise ValueError(f"{OP}: targets must be a ge2 Tensor shaped like idx {shape_str(idx.shape)}, got {got}")
-        loss = linear_cross_entropy(x.reshape(B * T, self.n_embd), self.lm_head.weight, None,
+        loss = linear_cross_entropy(x.reshape(B * T, self.n_embd), self.lm_head.weight,
                                     targets.reshape(B * T), ignore_index=-1)
         return None, loss
 

@@ -92,18 +92,39 @@ def binary_cross_entropy_with_logits_backward(gy, x, target, weight=None, pos_we
     return (grads.pop(0) if need_x else None), (grads.pop(0) if need_target else None)
 
 
-@register("linear_cross_entropy", "torch", dtypes=(torch.float16, torch.bfloat16, torch.float32))
-def linear_cross_entropy(x, weight, bias, target, *, ignore_index=-100, reduction="mean", label_smoothing=0.0,
-                         transposed_weight=False, chunk_rows=None, check_targets=None,
-                         need_x=True, need_weight=True, need_bias=True):
-    def f(x_, w_, b_):
-        logits = x_ @ (w_ if transposed_weight else w_.t())
-        return _ce(logits + b_ if b_ is not None else logits, target, None, ignore_index, reduction, label_smoothing)
+def _lce(x, weight, bias, target, class_weight, ignore_index, reduction, label_smoothing, transposed_weight):
+    logits = x @ (weight if transposed_weight else weight.t())
+    return _ce(logits + bias if bias is not None else logits, target, class_weight, ignore_index, reduction,
+               label_smoothing)
 
-    loss, grads = _grads(f, x, weight, bias, wrt=(need_x, need_weight, need_bias and bias is not None))
+
+@register("linear_cross_entropy", "torch", dtypes=(torch.float16, torch.bfloat16, torch.float32))
+def linear_cross_entropy(x, weight, bias, target, class_weight=None, *, ignore_index=-100, reduction="mean",
+                         label_smoothing=0.0, transposed_weight=False, chunk_rows=None, check_targets=None,
+                         out_dtype=None, need_x=True, need_weight=True, need_bias=True):
+    def f(x_, w_, b_):
+        return _lce(x_, w_, b_, target, class_weight, ignore_index, reduction, label_smoothing, transposed_weight)
+
+    if reduction == "none":
+        need_x = need_weight = need_bias = False
+    has_bias = bias is not None
+    loss, grads = _grads(f, x, weight, bias, wrt=(need_x, need_weight, need_bias and has_bias))
     grads = list(grads)
-    out = [grads.pop(0) if n else None for n in (need_x, need_weight, need_bias and bias is not None)]
-    return (loss, *out)
+    out = [grads.pop(0) if n else None for n in (need_x, need_weight, need_bias and has_bias)]
+    return (loss.to(out_dtype or x.dtype), *out)
+
+
+@register("linear_cross_entropy_rows_backward", "torch", dtypes=(torch.float16, torch.bfloat16, torch.float32))
+def linear_cross_entropy_rows_backward(gy, x, weight, bias, target, class_weight=None, *, ignore_index=-100,
+                                       label_smoothing=0.0, transposed_weight=False, chunk_rows=None,
+                                       need_x=True, need_weight=True, need_bias=True, **_attrs):
+    def f(x_, w_, b_):
+        return _lce(x_, w_, b_, target, class_weight, ignore_index, "none", label_smoothing, transposed_weight)
+
+    has_bias = bias is not None
+    _, grads = _grads(f, x, weight, bias, gy=gy.to(x.dtype), wrt=(need_x, need_weight, need_bias and has_bias))
+    grads = list(grads)
+    return tuple(grads.pop(0) if n else None for n in (need_x, need_weight, need_bias and has_bias))
 
 
 @register("linear_cross_entropy_backward", "torch")
