@@ -11,4 +11,8 @@ from ge2.nn.loss import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss, NLLLoss  #
 from ge2.nn.conv import AdaptiveAvgPool2d, AvgPool2d, Conv2d, MaxPool2d  # noqa: F401
 from ge2.nn.attention import MultiheadAttention  # noqa: F401
 from ge2.nn.transformer import TransformerEncoder, TransformerEncoderLayer  # noqa: F401
+from ge2.nn.rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell  # noqa: F401
 from ge2.nn import functional, init, utils  # noqa: F401
+from ge2.nn.rnn import utils_rnn as _utils_rnn  # noqa: E402
+
+utils.rnn = _utils_rnn  # ge2.nn.utils.rnn.pack_padded_sequence, as in torch

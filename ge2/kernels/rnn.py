@@ -1,0 +1,545 @@
+"""Recurrences of RNN (tanh / relu), LSTM and GRU layers: one direction of one layer over all steps.
+
+The input projection ``gx = x @ W_ih^T + b_ih`` of every step is one GEMM, done by the caller.
+What is left is the sequential part, per step t (gates in torch's order):
+
+    rnn:  h = act(gx + W_hh h_prev + b_hh)
+    lstm: i, f, g, o = sig, sig, tanh, sig (gx + W_hh h_prev + b_hh);  c = f c_prev + i g;  h = o tanh(c)
+    gru:  r, z = sig(gx_rz + W_hz,rz h_prev + b_hh_rz);  hn = W_hn h_prev + b_hn
+          n = tanh(gx_n + r hn);  h = (1 - z) n + z h_prev
+
+Two ways to run it, with the same per-step cell code (``_fwd_cell`` / ``_bwd_cell``):
+
+* **persistent**: one launch for all steps. Program p owns hidden units [p BH, (p+1) BH) and keeps
+  the W_hh rows of those units (all gates: a [4 BH, H] tile) in registers for the whole launch; per
+  step it reads the full h_prev from a double-buffered global exchange buffer, does one dot, the
+  fused cell, writes its units of h and meets the other programs at a grid-wide barrier (an atomic
+  counter). The grid never exceeds the SM count, so every program is resident and the barrier
+  cannot deadlock. Backward is the same with W_hh^T column tiles and dgates as the exchange.
+* **stepwise** (fallback where the tile does not fit the register budget, and the Triton
+  interpreter, which runs programs one after the other so a barrier among several would spin for
+  ever): per step one GEMM ``h_prev @ W_hh^T`` and one fused-cell launch.
+
+Variable lengths: with ``lengths`` a row b is active at step s while s < len_b; inactive steps
+carry the state through, write 0 to y and receive no gradient. The reverse direction walks row b
+from t = len_b - 1 down to 0, so step s of row b touches time ``tt = len_b - 1 - s`` (and the
+padding steps map to tt = s, keeping the map a bijection). Saved tensors are indexed by tt.
+
+Buffers (all contiguous): gx [T, B, NG H]; y [T, B, H]; hp / cp [T, B, H] (state before step tt);
+sv [T, B, NS H] (activated gates: lstm i f g o, gru r z n hn, rnn h); hbuf [2, B, H] exchange;
+cbuf [B, H] (fp32 cell state); dgh [T, B, NG H] the gradient of the recurrent pre-activations (gru:
+its n slot is d(hn)) and dgx (gru only: the n slot is d(gx_n)); dgbuf [2, B, NG H] exchange.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ge2.kernels.activations import sigmoid, tanh
+from ge2.kernels.gemm import _precision, _sm_count, gemm
+
+MODES = {"rnn_tanh": 0, "rnn_relu": 1, "lstm": 2, "gru": 3}
+GATES = {0: 1, 1: 1, 2: 4, 3: 3}  # gate rows per hidden unit in W_ih / W_hh
+SAVED = {0: 1, 1: 1, 2: 4, 3: 4}  # saved slots per unit (gru keeps hn = W_hn h + b_hn too)
+
+# A persistent program holds its W_hh tile in registers; 32K 32-bit registers is half an SM's file,
+# 64 per thread at 16 warps. Bigger tiles would spill to local memory every step: stepwise instead.
+TILE_REGS = 32 * 1024
+
+
+# ----------------------------------------------------------------------------------------------
+# per-step cell code shared by both paths
+
+
+@triton.jit
+def _rows(s, b, T, B, len_ptr, HAS_LEN: tl.constexpr, REVERSE: tl.constexpr):
+    """(active, tt) for batch rows b at step s."""
+    if HAS_LEN:
+        n = tl.load(len_ptr + b, mask=b < B, other=0)
+    else:
+        n = T + b * 0
+    active = s < n
+    if REVERSE:
+        tt = tl.where(active, n - 1 - s, s)
+    else:
+        tt = s + b * 0
+    return active, tt
+
+
+@triton.jit
+def _fwd_cell(s, a0, a1, a2, a3, u, b, T, B, H,
+              gx_ptr, bhh_ptr, hbuf_ptr, cbuf_ptr, len_ptr, y_ptr, hn_ptr, cn_ptr, hp_ptr, cp_ptr, sv_ptr,
+              MODE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_LEN: tl.constexpr, REVERSE: tl.constexpr,
+              SAVE: tl.constexpr):
+    """One step for units u [BH, 1] x rows b [1, BB], given the recurrent products a0..a3 = W_hh,g h_prev."""
+    NG: tl.constexpr = 4 if MODE == 2 else (3 if MODE == 3 else 1)
+    NS: tl.constexpr = 4 if NG > 1 else 1
+    m = (u < H) & (b < B)
+    active, tt = _rows(s, b, T, B, len_ptr, HAS_LEN, REVERSE)
+    G = NG * H
+    gx = gx_ptr + (tt.to(tl.int64) * B + b) * G + u
+    ub = b * H + u  # [BH, BB] offset of (b, u) in a [B, H] buffer
+    rd = s % 2
+    h_prev = tl.load(hbuf_ptr + rd * B * H + ub, mask=m, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        b0 = tl.load(bhh_ptr + u, mask=u < H, other=0.0).to(tl.float32)
+    else:
+        b0 = tl.zeros_like(u).to(tl.float32)
+    p0 = tl.load(gx, mask=m, other=0.0).to(tl.float32) + a0 + b0
+    c_prev = h_prev
+    if MODE == 0:
+        h = tanh(p0)
+    elif MODE == 1:
+        h = tl.maximum(p0, 0.0)
+    else:
+        if HAS_BIAS:
+            b1 = tl.load(bhh_ptr + H + u, mask=u < H, other=0.0).to(tl.float32)
+            b2 = tl.load(bhh_ptr + 2 * H + u, mask=u < H, other=0.0).to(tl.float32)
+        else:
+            b1 = b0
+            b2 = b0
+        p1 = tl.load(gx + H, mask=m, other=0.0).to(tl.float32) + a1 + b1
+        if MODE == 2:
+            if HAS_BIAS:
+                b3 = tl.load(bhh_ptr + 3 * H + u, mask=u < H, other=0.0).to(tl.float32)
+            else:
+                b3 = b0
+            p2 = tl.load(gx + 2 * H, mask=m, other=0.0).to(tl.float32) + a2 + b2
+            p3 = tl.load(gx + 3 * H, mask=m, other=0.0).to(tl.float32) + a3 + b3
+            c_prev = tl.load(cbuf_ptr + ub, mask=m, other=0.0)
+            g0 = sigmoid(p0)
+            g1 = sigmoid(p1)
+            g2 = tanh(p2)
+            g3 = sigmoid(p3)
+            c = g1 * c_prev + g0 * g2
+            h = g3 * tanh(c)
+            c = tl.where(active, c, c_prev)
+            tl.store(cbuf_ptr + ub, c, mask=m)
+        else:
+            g0 = sigmoid(p0)  # r
+            g1 = sigmoid(p1)  # z
+            g3 = a2 + b2      # hn: W_hn h_prev + b_hn, kept for backward's dr
+            g2 = tanh(tl.load(gx + 2 * H, mask=m, other=0.0).to(tl.float32) + g0 * g3)
+            h = (1.0 - g1) * g2 + g1 * h_prev
+    h = tl.where(active, h, h_prev)
+    tl.store(hbuf_ptr + (1 - rd) * B * H + ub, h.to(hbuf_ptr.dtype.element_ty), mask=m)
+    row = (tt.to(tl.int64) * B + b) * H + u
+    tl.store(y_ptr + row, tl.where(active, h, 0.0).to(y_ptr.dtype.element_ty), mask=m)
+    if SAVE:
+        tl.store(hp_ptr + row, h_prev.to(hp_ptr.dtype.element_ty), mask=m)
+        sv = sv_ptr + (tt.to(tl.int64) * B + b) * (NS * H) + u
+        if MODE <= 1:
+            tl.store(sv, h, mask=m)
+        else:
+            tl.store(sv, g0, mask=m)
+            tl.store(sv + H, g1, mask=m)
+            tl.store(sv + 2 * H, g2, mask=m)
+            tl.store(sv + 3 * H, g3, mask=m)
+            if MODE == 2:
+                tl.store(cp_ptr + row, c_prev, mask=m)
+    if s == T - 1:
+        tl.store(hn_ptr + ub, h.to(hn_ptr.dtype.element_ty), mask=m)
+        if MODE == 2:
+            tl.store(cn_ptr + ub, c.to(cn_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _bwd_cell(s, rec, u, b, T, B, H,
+              dy_ptr, len_ptr, hp_ptr, cp_ptr, sv_ptr, dhc_ptr, dcc_ptr, dgh_ptr, dgx_ptr, dgbuf_ptr,
+              MODE: tl.constexpr, HAS_LEN: tl.constexpr, REVERSE: tl.constexpr):
+    """Backward of one step: dh = dy + rec (= dgates_{s+1} W_hh, own units) + carried; writes dgates."""
+    NG: tl.constexpr = 4 if MODE == 2 else (3 if MODE == 3 else 1)
+    NS: tl.constexpr = 4 if NG > 1 else 1
+    m = (u < H) & (b < B)
+    active, tt = _rows(s, b, T, B, len_ptr, HAS_LEN, REVERSE)
+    G = NG * H
+    ub = b * H + u
+    row = (tt.to(tl.int64) * B + b) * H + u
+    dy = tl.load(dy_ptr + row, mask=m & active, other=0.0).to(tl.float32)
+    dh = dy + rec + tl.load(dhc_ptr + ub, mask=m, other=0.0)
+    sv = sv_ptr + (tt.to(tl.int64) * B + b) * (NS * H) + u
+    dg = dgh_ptr + (tt.to(tl.int64) * B + b) * G + u
+    ex = dgbuf_ptr + (s % 2) * B * G + b * G + u
+    carry = tl.zeros_like(dh)
+    if MODE <= 1:
+        h = tl.load(sv, mask=m, other=0.0)
+        if MODE == 0:
+            d0 = dh * (1.0 - h * h)
+        else:
+            d0 = tl.where(h > 0.0, dh, 0.0)
+        d0 = tl.where(active, d0, 0.0)
+        tl.store(dg, d0.to(dgh_ptr.dtype.element_ty), mask=m)
+        tl.store(ex, d0.to(dgbuf_ptr.dtype.element_ty), mask=m)
+    elif MODE == 2:
+        gi = tl.load(sv, mask=m, other=0.0)
+        gf = tl.load(sv + H, mask=m, other=0.0)
+        gg = tl.load(sv + 2 * H, mask=m, other=0.0)
+        go = tl.load(sv + 3 * H, mask=m, other=0.0)
+        c_prev = tl.load(cp_ptr + row, mask=m, other=0.0)
+        tc = tanh(gf * c_prev + gi * gg)
+        dc_in = tl.load(dcc_ptr + ub, mask=m, other=0.0)
+        dc = dc_in + dh * go * (1.0 - tc * tc)
+        d0 = tl.where(active, dc * gg * gi * (1.0 - gi), 0.0)
+        d1 = tl.where(active, dc * c_prev * gf * (1.0 - gf), 0.0)
+        d2 = tl.where(active, dc * gi * (1.0 - gg * gg), 0.0)
+        d3 = tl.where(active, dh * tc * go * (1.0 - go), 0.0)
+        tl.store(dcc_ptr + ub, tl.where(active, dc * gf, dc_in), mask=m)
+        tl.store(dg, d0.to(dgh_ptr.dtype.element_ty), mask=m)
+        tl.store(dg + H, d1.to(dgh_ptr.dtype.element_ty), mask=m)
+        tl.store(dg + 2 * H, d2.to(dgh_ptr.dtype.element_ty), mask=m)
+        tl.store(dg + 3 * H, d3.to(dgh_ptr.dtype.element_ty), mask=m)
+        tl.store(ex, d0.to(dgbuf_ptr.dtype.element_ty), mask=m)
+        tl.store(ex + H, d1.to(dgbuf_ptr.dtype.element_ty), mask=m)
+        tl.store(ex + 2 * H, d2.to(dgbuf_ptr.dtype.element_ty), mask=m)
+        tl.store(ex + 3 * H, d3.to(dgbuf_ptr.dtype.element_ty), mask=m)
+    else:
+        r = tl.load(sv, mask=m, other=0.0)
+        z = tl.load(sv + H, mask=m, other=0.0)
+        n = tl.load(sv + 2 * H, mask=m, other=0.0)
+        hn = tl.load(sv + 3 * H, mask=m, other=0.0)
+        h_prev = tl.load(hp_ptr + row, mask=m, other=0.0).to(tl.float32)
+        dan = dh * (1.0 - z) * (1.0 - n * n)
+        d0 = tl.where(active, dan * hn * r * (1.0 - r), 0.0)
+        d1 = tl.where(active, dh * (h_prev - n) * z * (1.0 - z), 0.0)
+        d2 = tl.where(active, dan * r, 0.0)
+        carry = dh * z
+        tl.store(dg, d0.to(dgh_ptr.dtype.element_ty), mask=m)
+        tl.store(dg + H, d1.to(dgh_ptr.dtype.element_ty), mask=m)
+        tl.store(dg + 2 * H, d2.to(dgh_ptr.dtype.element_ty), mask=m)
+        gxr = dgx_ptr + (tt.to(tl.int64) * B + b) * G + u
+        tl.store(gxr, d0.to(dgx_ptr.dtype.element_ty), mask=m)
+        tl.store(gxr + H, d1.to(dgx_ptr.dtype.element_ty), mask=m)
+        tl.store(gxr + 2 * H, tl.where(active, dan, 0.0).to(dgx_ptr.dtype.element_ty), mask=m)
+        tl.store(ex, d0.to(dgbuf_ptr.dtype.element_ty), mask=m)
+        tl.store(ex + H, d1.to(dgbuf_ptr.dtype.element_ty), mask=m)
+        tl.store(ex + 2 * H, d2.to(dgbuf_ptr.dtype.element_ty), mask=m)
+    # the part of dh_prev that bypasses W_hh: all of dh through a padding step, z dh in a gru step
+    tl.store(dhc_ptr + ub, tl.where(active, carry, dh), mask=m)
+
+
+@triton.jit
+def _bwd_final(rec, u, b, B, H, dhc_ptr, dcc_ptr, dh0_ptr, dc0_ptr, MODE: tl.constexpr):
+    m = (u < H) & (b < B)
+    ub = b * H + u
+    dh0 = rec + tl.load(dhc_ptr + ub, mask=m, other=0.0)
+    tl.store(dh0_ptr + ub, dh0.to(dh0_ptr.dtype.element_ty), mask=m)
+    if MODE == 2:
+        tl.store(dc0_ptr + ub, tl.load(dcc_ptr + ub, mask=m, other=0.0).to(dc0_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _gate(acc3, g: tl.constexpr, NGP: tl.constexpr):
+    """Gate g's [BH, BB] slice of a [NGP, BH, BB] product (a masked sum: Triton cannot index a dim)."""
+    sel = tl.arange(0, NGP)[:, None, None] == g
+    return tl.sum(tl.where(sel, acc3, 0.0), axis=0)
+
+
+@triton.jit
+def _grid_sync(sync_ptr, target):
+    """Grid-wide barrier: count arrivals on a global counter and spin until all programs of this step came."""
+    tl.debug_barrier()  # every thread's stores of this step are issued before the release below
+    tl.atomic_add(sync_ptr, 1, sem="release")
+    while tl.atomic_add(sync_ptr, 0, sem="acquire") < target:
+        pass
+    tl.debug_barrier()
+
+
+# ----------------------------------------------------------------------------------------------
+# persistent kernels
+
+
+@triton.jit
+def rnn_fwd_persistent_kernel(gx_ptr, w_ptr, bhh_ptr, hbuf_ptr, cbuf_ptr, len_ptr, y_ptr, hn_ptr, cn_ptr,
+                              hp_ptr, cp_ptr, sv_ptr, sync_ptr, T, B, H,
+                              MODE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_LEN: tl.constexpr,
+                              REVERSE: tl.constexpr, SAVE: tl.constexpr, BLOCK_H: tl.constexpr,
+                              BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """All T steps; program p keeps rows (gate g, unit p BH + i) of W_hh on chip as one [NGP BH, K] tile."""
+    NG: tl.constexpr = 4 if MODE == 2 else (3 if MODE == 3 else 1)
+    NGP: tl.constexpr = 4 if NG > 1 else 1
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    r = tl.arange(0, NGP * BLOCK_H)
+    g = r // BLOCK_H
+    wu = pid * BLOCK_H + r % BLOCK_H
+    k = tl.arange(0, BLOCK_K)
+    w = tl.load(w_ptr + (g * H + wu)[:, None] * H + k[None, :],
+                mask=((g < NG) & (wu < H))[:, None] & (k < H)[None, :], other=0.0)
+    u = pid * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]
+    for s in range(T):
+        for b0 in range(0, B, BLOCK_B):
+            b = b0 + tl.arange(0, BLOCK_B)[None, :]
+            # h_prev^T [K, BB]; .cg reads L2, where the other SMs' stores of the last step are
+            h_t = tl.load(hbuf_ptr + (s % 2) * B * H + b * H + k[:, None], mask=(b < B) & (k[:, None] < H),
+                          other=0.0, cache_modifier=".cg")
+            acc = tl.dot(w, h_t.to(w.dtype), input_precision=PRECISION)
+            if NGP == 1:
+                a0 = acc
+                a1 = acc
+                a2 = acc
+                a3 = acc
+            else:
+                acc3 = tl.reshape(acc, (NGP, BLOCK_H, BLOCK_B))
+                a0 = _gate(acc3, 0, NGP)
+                a1 = _gate(acc3, 1, NGP)
+                a2 = _gate(acc3, 2, NGP)
+                a3 = _gate(acc3, 3, NGP)
+            _fwd_cell(s, a0, a1, a2, a3, u, b, T, B, H, gx_ptr, bhh_ptr, hbuf_ptr, cbuf_ptr, len_ptr, y_ptr, hn_ptr, cn_ptr,
+                      hp_ptr, cp_ptr, sv_ptr, MODE, HAS_BIAS, HAS_LEN, REVERSE, SAVE)
+        _grid_sync(sync_ptr, nprog * (s + 1))
+
+
+@triton.jit
+def _dgates_dot(w0, w1, w2, w3, ex_ptr, b, B, H, k,
+                NG: tl.constexpr, PRECISION: tl.constexpr):
+    """sum_g W_hh,g[:, own]^T-tile @ dgates_g^T: the recurrent part of dh for own units [BH, BB]."""
+    G = NG * H
+    base = ex_ptr + b * G + k[:, None]
+    msk = (b < B) & (k[:, None] < H)
+    acc = tl.dot(w0, tl.load(base, mask=msk, other=0.0, cache_modifier=".cg").to(w0.dtype),
+                 input_precision=PRECISION)
+    if NG > 1:
+        acc = tl.dot(w1, tl.load(base + H, mask=msk, other=0.0, cache_modifier=".cg").to(w0.dtype), acc,
+                     input_precision=PRECISION)
+        acc = tl.dot(w2, tl.load(base + 2 * H, mask=msk, other=0.0, cache_modifier=".cg").to(w0.dtype), acc,
+                     input_precision=PRECISION)
+        if NG == 4:
+            acc = tl.dot(w3, tl.load(base + 3 * H, mask=msk, other=0.0, cache_modifier=".cg").to(w0.dtype), acc,
+                         input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def _wt_tile(w_ptr, g: tl.constexpr, u, k, H, NG: tl.constexpr):
+    """[BH, K] tile W_hh[g H + k, u]^T (zeros for gates a mode lacks)."""
+    return tl.load(w_ptr + (g * H + k[None, :]) * H + u, mask=(u < H) & (k[None, :] < H) & (g < NG), other=0.0)
+
+
+@triton.jit
+def rnn_bwd_persistent_kernel(w_ptr, len_ptr, dy_ptr, hp_ptr, cp_ptr, sv_ptr, dhc_ptr, dcc_ptr,
+                              dgh_ptr, dgx_ptr, dgbuf_ptr, dh0_ptr, dc0_ptr, sync_ptr, T, B, H,
+                              MODE: tl.constexpr, HAS_LEN: tl.constexpr, REVERSE: tl.constexpr,
+                              BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
+                              PRECISION: tl.constexpr):
+    """All T steps backwards; program p keeps the W_hh columns of its units (one [BH, K] tile per gate)."""
+    NG: tl.constexpr = 4 if MODE == 2 else (3 if MODE == 3 else 1)
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    u = pid * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]
+    k = tl.arange(0, BLOCK_K)
+    w0 = _wt_tile(w_ptr, 0, u, k, H, NG)
+    w1 = _wt_tile(w_ptr, 1, u, k, H, NG)
+    w2 = _wt_tile(w_ptr, 2, u, k, H, NG)
+    w3 = _wt_tile(w_ptr, 3, u, k, H, NG)
+    G = NG * H
+    for i in range(T):
+        s = T - 1 - i
+        for b0 in range(0, B, BLOCK_B):
+            b = b0 + tl.arange(0, BLOCK_B)[None, :]
+            rec = tl.zeros((BLOCK_H, BLOCK_B), dtype=tl.float32)
+            if i > 0:
+                rec = _dgates_dot(w0, w1, w2, w3, dgbuf_ptr + ((s + 1) % 2) * B * G, b, B, H, k, NG, PRECISION)
+            _bwd_cell(s, rec, u, b, T, B, H, dy_ptr, len_ptr, hp_ptr, cp_ptr, sv_ptr, dhc_ptr, dcc_ptr,
+                      dgh_ptr, dgx_ptr, dgbuf_ptr, MODE, HAS_LEN, REVERSE)
+        _grid_sync(sync_ptr, nprog * (i + 1))
+    for b0 in range(0, B, BLOCK_B):
+        b = b0 + tl.arange(0, BLOCK_B)[None, :]
+        rec = _dgates_dot(w0, w1, w2, w3, dgbuf_ptr, b, B, H, k, NG, PRECISION)
+        _bwd_final(rec, u, b, B, H, dhc_ptr, dcc_ptr, dh0_ptr, dc0_ptr, MODE)
+
+
+# ----------------------------------------------------------------------------------------------
+# stepwise kernels (one launch per step, after a GEMM for the recurrent product)
+
+
+@triton.jit
+def rnn_fwd_step_kernel(s, rec_ptr, gx_ptr, bhh_ptr, hbuf_ptr, cbuf_ptr, len_ptr, y_ptr, hn_ptr, cn_ptr,
+                        hp_ptr, cp_ptr, sv_ptr, T, B, H,
+                        MODE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_LEN: tl.constexpr,
+                        REVERSE: tl.constexpr, SAVE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr):
+    """Step s given rec = h_prev @ W_hh^T [B, NG H]."""
+    NG: tl.constexpr = 4 if MODE == 2 else (3 if MODE == 3 else 1)
+    u = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]
+    b = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)[None, :]
+    m = (u < H) & (b < B)
+    rp = rec_ptr + b * (NG * H) + u
+    a0 = tl.load(rp, mask=m, other=0.0).to(tl.float32)
+    a1 = a0
+    a2 = a0
+    a3 = a0
+    if NG > 1:
+        a1 = tl.load(rp + H, mask=m, other=0.0).to(tl.float32)
+        a2 = tl.load(rp + 2 * H, mask=m, other=0.0).to(tl.float32)
+        if NG == 4:
+            a3 = tl.load(rp + 3 * H, mask=m, other=0.0).to(tl.float32)
+    _fwd_cell(s, a0, a1, a2, a3, u, b, T, B, H, gx_ptr, bhh_ptr, hbuf_ptr, cbuf_ptr, len_ptr, y_ptr, hn_ptr,
+              cn_ptr, hp_ptr, cp_ptr, sv_ptr, MODE, HAS_BIAS, HAS_LEN, REVERSE, SAVE)
+
+
+@triton.jit
+def rnn_bwd_step_kernel(s, rec_ptr, len_ptr, dy_ptr, hp_ptr, cp_ptr, sv_ptr, dhc_ptr, dcc_ptr,
+                        dgh_ptr, dgx_ptr, dgbuf_ptr, dh0_ptr, dc0_ptr, T, B, H,
+                        MODE: tl.constexpr, HAS_REC: tl.constexpr, FINAL: tl.constexpr, HAS_LEN: tl.constexpr,
+                        REVERSE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr):
+    """Backward step s given rec = dgates_{s+1} @ W_hh [B, H] (FINAL: write dh0 / dc0 instead)."""
+    u = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]
+    b = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)[None, :]
+    rec = tl.zeros((BLOCK_H, BLOCK_B), dtype=tl.float32)
+    if HAS_REC:
+        rec = tl.load(rec_ptr + b * H + u, mask=(u < H) & (b < B), other=0.0).to(tl.float32)
+    if FINAL:
+        _bwd_final(rec, u, b, B, H, dhc_ptr, dcc_ptr, dh0_ptr, dc0_ptr, MODE)
+    else:
+        _bwd_cell(s, rec, u, b, T, B, H, dy_ptr, len_ptr, hp_ptr, cp_ptr, sv_ptr, dhc_ptr, dcc_ptr,
+                  dgh_ptr, dgx_ptr, dgbuf_ptr, MODE, HAS_LEN, REVERSE)
+
+
+# ----------------------------------------------------------------------------------------------
+# launchers
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _interpreted(device: torch.device) -> bool:
+    return device.type != "cuda"
+
+
+def persistent_plan(H: int, mode: int, dtype: torch.dtype, device: torch.device, backward: bool):
+    """(grid, BLOCK_H, BLOCK_K, num_warps) of the persistent kernel, or None where it does not apply.
+
+    The line: the W_hh tile of one program (forward [NGP BH, H], backward NG tiles [BH, H]) must fit
+    ``TILE_REGS`` 32-bit registers, with BH the fewest units per program that keeps the grid within
+    the SM count (and dot's 16-row minimum). Under the interpreter only a single program (grid 1)
+    qualifies: it has no one to wait for.
+    """
+    ng = GATES[mode]
+    ngp = 4 if ng > 1 else 1
+    sms = 1 if _interpreted(device) else _sm_count(device)
+    bk = max(16, _pow2(H))
+    bh = max(16 if backward else 16 // ngp, _pow2(-(-H // sms)))
+    grid = -(-H // bh)
+    if grid > sms:
+        return None
+    rows = ng * bh if backward else ngp * bh
+    regs = rows * bk * dtype.itemsize // 4
+    if regs > TILE_REGS:
+        return None
+    warps = 4 if regs <= 4096 else (8 if regs <= 16384 else 16)
+    return grid, bh, bk, warps
+
+
+def _block_b(B: int, bk: int, dtype: torch.dtype, rows: int = 1) -> int:
+    """Batch rows per dot: the streamed operand [rows * K, BB] stays within 16K elements."""
+    bb = 16
+    while bb < min(64, _pow2(B)) and rows * bk * bb * 2 <= 16384:
+        bb *= 2
+    return bb
+
+
+def rnn_forward(gx: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor | None, h0: torch.Tensor,
+                c0: torch.Tensor | None, lengths: torch.Tensor | None, *, mode: int, reverse: bool,
+                save: bool, path: str | None = None):
+    """One direction: gx [T, B, NG H], w_hh [NG H, H], h0/c0 [B, H] -> (y, hn, cn, hp, cp, sv).
+
+    y [T, B, H]; hn, cn [B, H] (cn None unless lstm); hp, cp, sv the saved tensors (None unless
+    save). ``path``: "persistent" | "stepwise" | None (the persistent one where it fits).
+    """
+    T, B, G = gx.shape
+    H = w_hh.shape[1]
+    dev, dt = gx.device, gx.dtype
+    lstm = mode == 2
+    plan = None if path == "stepwise" else persistent_plan(H, mode, dt, dev, backward=False)
+    if path == "persistent" and plan is None:
+        raise ValueError(f"rnn: the persistent kernel does not fit hidden_size {H} on this device")
+    gx, w_hh = gx.contiguous(), w_hh.contiguous()
+    hbuf = torch.empty((2, B, H), dtype=dt, device=dev)
+    hbuf[0].copy_(h0)
+    cbuf = torch.empty((B, H), dtype=torch.float32, device=dev)
+    if lstm:
+        cbuf.copy_(c0)
+    y = torch.empty((T, B, H), dtype=dt, device=dev)
+    hn = torch.empty((B, H), dtype=dt, device=dev)
+    cn = torch.empty((B, H), dtype=dt, device=dev) if lstm else None
+    hp = torch.empty((T, B, H), dtype=dt, device=dev) if save else y
+    cp = torch.empty((T, B, H), dtype=torch.float32, device=dev) if save and lstm else cbuf
+    sv = torch.empty((T, B, SAVED[mode] * H), dtype=torch.float32, device=dev) if save else cbuf
+    bias = b_hh if b_hh is not None else w_hh
+    lens = lengths if lengths is not None else hbuf
+    flags = dict(MODE=mode, HAS_BIAS=b_hh is not None, HAS_LEN=lengths is not None, REVERSE=bool(reverse),
+                 SAVE=bool(save))
+    if T == 0:
+        hn.copy_(h0)
+        if lstm:
+            cn.copy_(c0)
+    elif plan is not None:
+        grid, bh, bk, warps = plan
+        sync = torch.zeros(1, dtype=torch.int32, device=dev)
+        rnn_fwd_persistent_kernel[(grid,)](gx, w_hh, bias, hbuf, cbuf, lens, y, hn, cn if lstm else hn, hp, cp, sv,
+                                           sync, T, B, H, **flags, BLOCK_H=bh, BLOCK_B=_block_b(B, bk, dt),
+                                           BLOCK_K=bk, PRECISION=_precision(dt), num_warps=warps)
+    else:
+        bh, bb = 32, 32
+        grid = (-(-H // bh), -(-B // bb))
+        for s in range(T):
+            rec, _ = gemm(hbuf[s % 2], w_hh, trans_b=True)
+            rnn_fwd_step_kernel[grid](s, rec, gx, bias, hbuf, cbuf, lens, y, hn, cn if lstm else hn, hp, cp, sv,
+                                      T, B, H, **flags, BLOCK_H=bh, BLOCK_B=bb)
+    return y, hn, cn, (hp if save else None), (cp if save and lstm else None), (sv if save else None)
+
+
+def rnn_backward(dy: torch.Tensor, dhn: torch.Tensor, dcn: torch.Tensor | None, w_hh: torch.Tensor,
+                 lengths: torch.Tensor | None, hp: torch.Tensor, cp: torch.Tensor | None, sv: torch.Tensor, *,
+                 mode: int, reverse: bool, path: str | None = None):
+    """Backward of ``rnn_forward`` through time -> (dgx [T, B, NG H], dgh [T, B, NG H], dh0, dc0).
+
+    dgx is the gradient of the input projection, dgh that of the recurrent pre-activations
+    (W_hh h_prev + b_hh; the same tensor except for gru); dc0 None unless lstm. dW_hh = dgh^T hp
+    and db_hh = sum(dgh) are left to one GEMM over all steps (the caller's).
+    """
+    T, B, H = dy.shape
+    dev, dt = dy.device, w_hh.dtype
+    ng = GATES[mode]
+    lstm, gru = mode == 2, mode == 3
+    plan = None if path == "stepwise" else persistent_plan(H, mode, dt, dev, backward=True)
+    if path == "persistent" and plan is None:
+        raise ValueError(f"rnn: the persistent backward kernel does not fit hidden_size {H} on this device")
+    dy, w_hh = dy.contiguous(), w_hh.contiguous()
+    dhc = torch.empty((B, H), dtype=torch.float32, device=dev)
+    dhc.copy_(dhn)
+    dcc = torch.zeros((B, H), dtype=torch.float32, device=dev)
+    if lstm:
+        dcc.copy_(dcn)
+    dgh = torch.empty((T, B, ng * H), dtype=dt, device=dev)
+    dgx = torch.empty((T, B, ng * H), dtype=dt, device=dev) if gru else dgh
+    dgbuf = torch.empty((2, B, ng * H), dtype=dt, device=dev)
+    dh0 = torch.empty((B, H), dtype=dt, device=dev)
+    dc0 = torch.empty((B, H), dtype=dt, device=dev) if lstm else None
+    lens = lengths if lengths is not None else dhc
+    cp_ = cp if cp is not None else dhc
+    flags = dict(MODE=mode, HAS_LEN=lengths is not None, REVERSE=bool(reverse))
+    if T == 0:
+        dh0.copy_(dhn)
+        if lstm:
+            dc0.copy_(dcn)
+    elif plan is not None:
+        grid, bh, bk, warps = plan
+        sync = torch.zeros(1, dtype=torch.int32, device=dev)
+        rnn_bwd_persistent_kernel[(grid,)](w_hh, lens, dy, hp, cp_, sv, dhc, dcc, dgh, dgx, dgbuf, dh0,
+                                           dc0 if lstm else dh0, sync, T, B, H, **flags, BLOCK_H=bh,
+                                           BLOCK_B=_block_b(B, bk, dt, ng), BLOCK_K=bk,
+                                           PRECISION=_precision(dt), num_warps=warps)
+    else:
+        bh, bb = 32, 32
+        grid = (-(-H // bh), -(-B // bb))
+        rec = dhc
+        for i in range(T + 1):
+            s = T - 1 - i
+            if i > 0:
+                rec, _ = gemm(dgbuf[(s + 1) % 2], w_hh)
+            rnn_bwd_step_kernel[grid](max(s, 0), rec, lens, dy, hp, cp_, sv, dhc, dcc, dgh, dgx, dgbuf, dh0,
+                                      dc0 if lstm else dh0, T, B, H, **flags, HAS_REC=i > 0, FINAL=i == T,
+                                      BLOCK_H=bh, BLOCK_B=bb)
+    return dgx, dgh, dh0, dc0
