@@ -15,10 +15,25 @@ from ge2.autograd import grad_mode
 from ge2.autograd.function import Node, Version, _root
 
 
+class RemovableHandle:
+    """What a hook registration returns: ``remove()`` takes the hook out of its table again."""
+
+    _next_id = 0
+
+    def __init__(self, table: dict, hook) -> None:
+        RemovableHandle._next_id += 1
+        self.table, self.id = table, RemovableHandle._next_id
+        table[self.id] = hook
+
+    def remove(self) -> None:
+        self.table.pop(self.id, None)
+
+
 class Tensor:
     """A multi-dimensional array on the GPU (or CPU under the Triton interpreter) with autograd."""
 
-    __slots__ = ("data", "_requires_grad", "grad", "grad_fn", "_out_idx", "_version_counter", "__weakref__")
+    __slots__ = ("data", "_requires_grad", "grad", "grad_fn", "_out_idx", "_version_counter",
+                 "_post_accumulate_grad_hooks", "__weakref__")
     __array_priority__ = 1000  # numpy scalars defer to Tensor's reflected operators
 
     def __init__(self, data: torch.Tensor, requires_grad: bool = False):
@@ -79,6 +94,23 @@ class Tensor:
         if self.grad_fn.retained is None:
             self.grad_fn.retained = {}
         self.grad_fn.retained[self._out_idx] = weakref.ref(self)
+
+    def register_post_accumulate_grad_hook(self, hook) -> "RemovableHandle":
+        """Call ``hook(self)`` after each backward has accumulated this leaf's gradient into ``.grad``.
+
+        As torch's: once per backward that reaches the leaf, after all of its gradient contributions
+        are summed and added; the hook may read or replace ``self.grad``. Returns a handle whose
+        ``remove()`` unregisters it.
+        """
+        if self.grad_fn is not None:
+            raise RuntimeError("register_post_accumulate_grad_hook: only leaf tensors accumulate a .grad; "
+                               "this tensor has a grad_fn")
+        if not callable(hook):
+            raise TypeError(f"register_post_accumulate_grad_hook: hook must be callable, got {type(hook).__name__}")
+        hooks = getattr(self, "_post_accumulate_grad_hooks", None)
+        if hooks is None:
+            hooks = self._post_accumulate_grad_hooks = {}
+        return RemovableHandle(hooks, hook)
 
     def backward(self, gradient: "Tensor | torch.Tensor | None" = None, retain_graph: bool = False) -> None:
         """Accumulate d(self)/d(leaf) · gradient into every leaf's ``.grad``."""
