@@ -64,6 +64,28 @@ from ge2.autograd.math import (  # noqa: F401
     where,
 )
 from ge2.autograd.linalg import addmm, bmm, matmul, mm  # noqa: F401
+from ge2.autograd.math import (  # noqa: F401  (pointwise math)
+    addcdiv, addcmul, arctan2, atan2, bitwise_and, bitwise_not, bitwise_or, bitwise_xor, ceil, clamp, clamp_max,
+    clamp_min, clip, cos, erf, exp2, expm1, fix, floor, floor_divide, fmod, isfinite, isinf, isnan, lerp, log1p,
+    log2, logical_and, logical_not, logical_or, logical_xor, maximum, minimum, nan_to_num, reciprocal, remainder,
+    round, rsqrt, sign, sin, square, trunc,
+)
+from ge2.autograd.indexing import (  # noqa: F401
+    check_pending_indices,
+    gather,
+    index_add,
+    index_copy,
+    index_fill,
+    index_put,
+    index_select,
+    masked_fill,
+    masked_select,
+    nonzero,
+    scatter,
+    scatter_add,
+    scatter_reduce,
+    take_along_dim,
+)
 
 from torch import (  # noqa: F401,E402  (dtypes are torch's: ge2 tensors hold torch memory)
     bfloat16,

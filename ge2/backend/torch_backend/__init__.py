@@ -10,3 +10,4 @@ from ge2.backend.torch_backend import conv, pool  # noqa: F401,E402
 from ge2.backend.torch_backend import attention  # noqa: F401,E402
 from ge2.backend.torch_backend import sampling  # noqa: F401,E402
 from ge2.backend.torch_backend import rnn  # noqa: F401,E402
+from ge2.backend.torch_backend import indexing, scatter  # noqa: F401,E402
