@@ -64,11 +64,6 @@ from ge2.autograd.math import (  # noqa: F401
     where,
 )
 from ge2.autograd.linalg import addmm, bmm, matmul, mm  # noqa: F401
-    addcdiv, addcmul, arctan2, atan2, bitwise_and, bitwise_not, bitwise_or, bitwise_xor, ceil, clamp, clamp_max,
-    clamp_min, clip, cos, erf, exp2, expm1, fix, floor, floor_divide, fmod, isfinite, isinf, isnan, lerp, log1p,
-    log2, logical_and, logical_not, logical_or, logical_xor, maximum, minimum, nan_to_num, reciprocal, remainder,
-    round, rsqrt, sign, sin, square, trunc,
-)
 from ge2.autograd.indexing import (  # noqa: F401
     check_pending_indices,
     gather,
