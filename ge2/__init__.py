@@ -64,6 +64,23 @@ from ge2.autograd.math import (  # noqa: F401
     where,
 )
 from ge2.autograd.linalg import addmm, bmm, matmul, mm  # noqa: F401
+from ge2.autograd.layout import (  # noqa: F401
+    chunk,
+    diag_embed,
+    diagonal,
+    flip,
+    meshgrid,
+    moveaxis,
+    movedim,
+    narrow,
+    repeat_interleave,
+    roll,
+    split,
+    tile,
+    tril,
+    triu,
+)
+from ge2.autograd.resample import pixel_shuffle, pixel_unshuffle  # noqa: F401
 from ge2.autograd.indexing import (  # noqa: F401
     check_pending_indices,
     gather,

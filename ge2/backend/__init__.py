@@ -27,4 +27,5 @@ from ge2.backend import attention  # noqa: F401,E402
 from ge2.backend import sampling  # noqa: F401,E402
 from ge2.backend import rnn  # noqa: F401,E402
 from ge2.backend import indexing, scatter  # noqa: F401,E402
+from ge2.backend import layout, resample  # noqa: F401,E402
 from ge2.backend import torch_backend  # noqa: F401,E402

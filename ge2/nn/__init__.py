@@ -12,6 +12,11 @@ from ge2.nn.conv import AdaptiveAvgPool2d, AvgPool2d, Conv2d, MaxPool2d  # noqa:
 from ge2.nn.attention import MultiheadAttention  # noqa: F401
 from ge2.nn.transformer import TransformerEncoder, TransformerEncoderLayer  # noqa: F401
 from ge2.nn.rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell  # noqa: F401
+from ge2.nn.resample import (  # noqa: F401
+    CircularPad1d, CircularPad2d, CircularPad3d, ConstantPad1d, ConstantPad2d, ConstantPad3d, Fold, PixelShuffle,
+    PixelUnshuffle, ReflectionPad1d, ReflectionPad2d, ReflectionPad3d, ReplicationPad1d, ReplicationPad2d,
+    ReplicationPad3d, Unfold, Upsample, ZeroPad1d, ZeroPad2d, ZeroPad3d,
+)
 from ge2.nn import functional, init, utils  # noqa: F401
 from ge2.nn.rnn import utils_rnn as _utils_rnn  # noqa: E402
 
