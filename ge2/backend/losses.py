@@ -16,7 +16,9 @@ Elementwise losses (target of x's shape; weight / pos_weight broadcast to it):
 ``binary_cross_entropy_with_logits_backward(gy, x, target, weight=None, pos_weight=None, *, reduction="mean",
 need_x=True, need_target=False) -> (gx, gtarget)``
 
-Losses have the input's dtype: 0-d for "mean"/"sum", the per-element/per-row shape for "none".
+Losses have the input's dtype: 0-d for "mean"/"sum", the per-element/per-row shape for "none". They
+are computed in fp32 for fp32/bf16/fp16 inputs and in fp64 for fp64 inputs (cross_entropy's fp64
+rows: up to 16384 classes, longer ones refused; linear_cross_entropy refuses fp64).
 Out-of-range class targets raise ValueError: at the call on the CPU or with ``check_targets=True``
 (a 4-byte read, a host sync on the GPU); by default on the GPU without a sync, at the next
 class-target call or ``check_pending_targets()`` (see ``ge2.kernels.cross_entropy``);

@@ -6,8 +6,8 @@ need_bias=True) -> (gx, dweight, dbias)``
 ``rms_norm(x, weight=None, *, normalized_shape, eps) -> (y, rstd)``
 ``rms_norm_backward(gy, x, weight, rstd, *, normalized_shape, need_x=True, need_weight=True) -> (gx, dweight)``
 
-    x [..., *normalized_shape] (any strides); weight/bias of normalized_shape; mean/rstd fp32, one per
-    row (the leading dims flattened). Gradients not needed are None.
+    x [..., *normalized_shape] (any strides); weight/bias of normalized_shape; mean/rstd one per row
+    (the leading dims flattened), fp32 (fp64 for fp64 x: fp64 in, fp64 math). Gradients not needed are None.
 
 ``batch_norm(x, weight, bias, running_mean, running_var, num_batches_tracked, *, training, momentum=0.1,
 eps=1e-5) -> (y, mean, rstd)``
@@ -15,7 +15,8 @@ eps=1e-5) -> (y, mean, rstd)``
 
     x [N, C, *spatial]; weight/bias/running stats [C] (each optional). Training: batch statistics,
     and running_mean/running_var/num_batches_tracked updated in place (unbiased running variance);
-    eval: the running statistics. mean/rstd [C] fp32; dweight/dbias [C] fp32.
+    eval: the running statistics. mean/rstd [C] and dweight/dbias [C] fp32 (fp64 for fp64 x, whose
+    statistics, running statistics included, are computed in fp64).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from ge2.backend.registry import FLOAT_DTYPES, defop, register
 from ge2.backend.schema import Schema, TensorArg, dtype_name, shape_str
 from ge2.kernels import norm as K
 
-STAT = (torch.float32,)
+STAT = (torch.float32, torch.float64)  # saved statistics: fp32, fp64 for fp64 x
 
 
 def _numel(shape) -> int:

@@ -5,7 +5,7 @@
 ``softmax_backward(gy, y, *, dim=-1, scale=1.0) -> gx``        from the forward output y
 ``log_softmax_backward(gy, y, *, dim=-1, scale=1.0) -> gx``
 
-x: any shape, fp32/bf16/fp16/fp64 (fp32 math; fp64 is computed in fp32 too), any strides. mask:
+x: any shape, fp32/bf16/fp16/fp64 (fp32 math; fp64 math for fp64 x), any strides. mask:
 additive, any float dtype, broadcastable to x's shape ([M, N], [1, N], [M, 1] of a 2-D x). y has
 x's shape and dtype, contiguous. A row that is all -inf gives softmax 0 / log_softmax -inf.
 """

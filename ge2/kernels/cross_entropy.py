@@ -35,12 +35,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ge2.kernels.losses import sum_to_scalar
-from ge2.kernels.softmax import num_warps_configs, prune_by_elements_per_thread, row_offsets, row_view
+from ge2.kernels.elementwise import _float_arg, _float_bits
+from ge2.kernels.losses import partial_dtype, sum_to_scalar
+from ge2.kernels.softmax import compute_dtype, num_warps_configs, prune_by_elements_per_thread, row_offsets, row_view
 from ge2.runtime import autotune, cdiv
 
 # Longest class row one program holds in registers, by element size; longer rows take the split path.
-MAX_FUSED_C = {4: 32768, 2: 32768, 1: 32768}
+# fp64 rows (8 bytes) are computed in fp64 by the in-register kernel only; longer fp64 rows are refused.
+MAX_FUSED_C = {8: 16384, 4: 32768, 2: 32768, 1: 32768}
 # The split path's (BLOCK_C, num_warps) by element size: the fastest of bench/bench_softmax_ce.py's
 # sweep at 4096 x 128256 on the H100 (ce_split_sweep rows of bench/results/softmax_ce.json, commit
 # 4050d31): fp32 (8192, 4) 1.41 ms, (4096, 2) 1.41, (4096, 4) 1.42, (4096, 8) 1.50; bf16 (8192, 4)
@@ -55,7 +57,7 @@ MAX_COOPERATIVE_SPLIT = 64
 # of bench/bench_softmax_ce.py's sweep at 8192 x 32768 on the H100 (ce_split_sweep rows): bf16
 # persistent 32 warps 0.417 ms (16 warps 0.439) vs 0.488 one row per program; fp32 one row per
 # program 0.725 ms vs 1.04-1.24 persistent (two fp32 rows of 32K do not fit in the registers: spills).
-ROW_CONFIG = {4: None, 2: 32, 1: 32}
+ROW_CONFIG = {8: None, 4: None, 2: 32, 1: 32}
 # Rows longer than MAX_FUSED_C, by element size: (BLOCK_C, num_warps) of cross_entropy_two_pass_kernel,
 # or None for the split kernel. The same sweep: bf16 two-pass (16384, 32) 0.96 ms vs split (8192, 4)
 # 0.790 (the two-pass kernel was the faster, 0.96 vs 1.13, before the split kernel's one-exponential
@@ -77,9 +79,9 @@ def target_stats_kernel(
     t_ptr, w_ptr, stats_ptr, n_rows, inner, st_o, st_i, C, ignore_index,
     HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """stats = [sum of w[t] over non-ignored rows, sum(w), number of out-of-range targets] (fp32, one program)."""
-    denom = tl.zeros([BLOCK], tl.float32)
-    bad = tl.zeros([BLOCK], tl.float32)
+    """stats = [sum of w[t] over non-ignored rows, sum(w), number of out-of-range targets] (stats' dtype, one program)."""
+    denom = tl.zeros([BLOCK], stats_ptr.dtype.element_ty)
+    bad = tl.zeros([BLOCK], stats_ptr.dtype.element_ty)
     for start in range(0, n_rows, BLOCK):
         rows = start + tl.arange(0, BLOCK)
         live = rows < n_rows
@@ -87,32 +89,33 @@ def target_stats_kernel(
         valid = live & (t != ignore_index)
         in_range = (t >= 0) & (t < C)
         if HAS_WEIGHT:
-            denom += tl.load(w_ptr + t, mask=valid & in_range, other=0.0).to(tl.float32)
+            denom += tl.load(w_ptr + t, mask=valid & in_range, other=0.0).to(stats_ptr.dtype.element_ty)
         else:
             denom += tl.where(valid & in_range, 1.0, 0.0)
         bad += tl.where(valid & ~in_range, 1.0, 0.0)
-    w_sum = tl.zeros([BLOCK], tl.float32)
+    w_sum = tl.zeros([BLOCK], stats_ptr.dtype.element_ty)
     if HAS_WEIGHT:
         for start in range(0, C, BLOCK):
             c = start + tl.arange(0, BLOCK)
-            w_sum += tl.load(w_ptr + c, mask=c < C, other=0.0).to(tl.float32)
+            w_sum += tl.load(w_ptr + c, mask=c < C, other=0.0).to(stats_ptr.dtype.element_ty)
     tl.store(stats_ptr, tl.sum(denom, 0))
     tl.store(stats_ptr + 1, tl.sum(w_sum, 0) if HAS_WEIGHT else C * 1.0)
     tl.store(stats_ptr + 2, tl.sum(bad, 0))
 
 
 @triton.jit
-def _row_target(t_ptr, rows, n_rows, inner, st_o, st_i, C, ignore_index, w_ptr, HAS_WEIGHT: tl.constexpr):
-    """(t, valid, bad, w[t]) for each row; w[t] = 0 for ignored or bad rows."""
+def _row_target(t_ptr, rows, n_rows, inner, st_o, st_i, C, ignore_index, w_ptr, HAS_WEIGHT: tl.constexpr,
+                ACC: tl.constexpr = tl.float32):
+    """(t, valid, bad, w[t]) for each row; w[t] (in ACC) = 0 for ignored or bad rows."""
     live = rows < n_rows
     t = tl.load(t_ptr + row_offsets(rows, inner, st_o, st_i), mask=live, other=ignore_index).to(tl.int64)
     valid = live & (t != ignore_index)
     bad = valid & ((t < 0) | (t >= C))
     use = valid & ~bad
     if HAS_WEIGHT:
-        w_t = tl.load(w_ptr + t, mask=use, other=0.0).to(tl.float32)
+        w_t = tl.load(w_ptr + t, mask=use, other=0.0).to(ACC)
     else:
-        w_t = tl.where(use, 1.0, 0.0)
+        w_t = tl.where(use, 1.0, 0.0).to(ACC)
     return t, valid, bad, w_t
 
 
@@ -123,9 +126,11 @@ def cross_entropy_fwd_bwd_kernel(
     x_ptr, t_ptr, w_ptr, stats_ptr, loss_ptr, g_ptr, n_rows, C, inner,
     sx_o, sx_i, sx_c, st_o, st_i, sg_o, sg_i, sg_c, ignore_index, label_smoothing,
     HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, MEAN: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+    ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """BLOCK_M whole rows in registers: the row loss (unnormalised) and dx for gy = 1 (may overwrite x).
+
+    Math in ACC (fp64 for fp64 logits, else fp32); label_smoothing arrives as its fp64 bits.
 
     x[t] is a gathered load (no third row reduction); the gradient recomputes exp(x - max) from
     the loaded row rather than keeping the exponentials live across the reductions (one array of
@@ -135,33 +140,34 @@ def cross_entropy_fwd_bwd_kernel(
     cols = tl.arange(0, BLOCK_C)
     col_ok = cols < C
     ok = (rows < n_rows)[:, None] & col_ok[None, :]
-    t, valid, bad, w_t = _row_target(t_ptr, rows, n_rows, inner, st_o, st_i, C, ignore_index, w_ptr, HAS_WEIGHT)
+    t, valid, bad, w_t = _row_target(t_ptr, rows, n_rows, inner, st_o, st_i, C, ignore_index, w_ptr, HAS_WEIGHT, ACC)
+    label_smoothing = _float_arg(label_smoothing, ACC)
     use = valid & ~bad
     x_base = row_offsets(rows, inner, sx_o, sx_i)
     # Ignored (and bad) rows are not read: their loss and dx do not depend on the logits.
     x = tl.load(x_ptr + x_base[:, None] + cols[None, :] * sx_c, mask=ok & use[:, None],
-                other=float("-inf")).to(tl.float32)
+                other=float("-inf")).to(ACC)
     row_max = tl.max(x, 1)
     row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
     row_sum = tl.sum(tl.exp(x - row_max[:, None]), 1)
     lse = row_max + tl.log(row_sum)
-    x_t = tl.load(x_ptr + x_base + tl.where(use, t, 0) * sx_c, mask=use, other=0.0).to(tl.float32)
-    w_sum = tl.load(stats_ptr + 1)
+    x_t = tl.load(x_ptr + x_base + tl.where(use, t, 0) * sx_c, mask=use, other=0.0).to(ACC)
+    w_sum = tl.load(stats_ptr + 1).to(ACC)
     w_x = 0.0
     if SMOOTH:
         if HAS_WEIGHT:
-            w_row = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            w_row = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(ACC)[None, :]
         else:
             w_row = tl.where(col_ok, 1.0, 0.0)[None, :]
         w_x = tl.sum(tl.where(ok, w_row * x, 0.0), 1)
     else:
-        w_row = tl.zeros([1, BLOCK_C], tl.float32)
+        w_row = tl.zeros([1, BLOCK_C], ACC)
     loss = _ce_loss(lse, x_t, w_x, w_t, w_sum, valid, bad, label_smoothing, C, SMOOTH)
     tl.store(loss_ptr + rows, loss.to(loss_ptr.dtype.element_ty), mask=rows < n_rows)
     if COMPUTE_GRAD:
         inv_d = 1.0
         if MEAN:
-            inv_d = 1.0 / tl.load(stats_ptr)
+            inv_d = 1.0 / tl.load(stats_ptr).to(ACC)
         p = tl.exp(x - row_max[:, None]) * (1.0 / row_sum[:, None])
         g = _ce_grad(p, cols[None, :], t[:, None], valid[:, None], bad[:, None], w_t[:, None], w_row, w_sum,
                      inv_d, label_smoothing, C, SMOOTH)
@@ -475,46 +481,46 @@ def _ce_grad(p, c, t, valid, bad, w_t, w_c, w_sum, inv_d, label_smoothing, C, SM
 
 @triton.jit
 def scale_rows_kernel(g_ptr, gy_ptr, n_rows, C, inner, sg_o, sg_i, sg_c, sy_o, sy_i,
-                      PER_ROW: tl.constexpr, BLOCK_C: tl.constexpr):
+                      PER_ROW: tl.constexpr, ACC: tl.constexpr, BLOCK_C: tl.constexpr):
     """g[row, :] *= gy[row] (PER_ROW) or gy[0], over (row, column block) tiles strided across the programs.
 
     A 0-d gy of exactly 1 (``loss.backward()``) costs each program one load: a small grid, so the
     skipped pass costs a few microseconds rather than a launch of one program per tile.
     """
-    f = tl.load(gy_ptr).to(tl.float32)
+    f = tl.load(gy_ptr).to(ACC)
     if PER_ROW:
-        _scale_tiles(g_ptr, gy_ptr, f, n_rows, C, inner, sg_o, sg_i, sg_c, sy_o, sy_i, True, BLOCK_C)
+        _scale_tiles(g_ptr, gy_ptr, f, n_rows, C, inner, sg_o, sg_i, sg_c, sy_o, sy_i, True, ACC, BLOCK_C)
     elif f != 1.0:
-        _scale_tiles(g_ptr, gy_ptr, f, n_rows, C, inner, sg_o, sg_i, sg_c, sy_o, sy_i, False, BLOCK_C)
+        _scale_tiles(g_ptr, gy_ptr, f, n_rows, C, inner, sg_o, sg_i, sg_c, sy_o, sy_i, False, ACC, BLOCK_C)
 
 
 @triton.jit
 def _scale_tiles(g_ptr, gy_ptr, f, n_rows, C, inner, sg_o, sg_i, sg_c, sy_o, sy_i,
-                 PER_ROW: tl.constexpr, BLOCK_C: tl.constexpr):
+                 PER_ROW: tl.constexpr, ACC: tl.constexpr, BLOCK_C: tl.constexpr):
     n_cb = tl.cdiv(C, BLOCK_C)
     for tile in range(tl.program_id(0), n_rows * n_cb, tl.num_programs(0)):
         row = tile // n_cb
         if PER_ROW:
-            f = tl.load(gy_ptr + row_offsets(row, inner, sy_o, sy_i)).to(tl.float32)
+            f = tl.load(gy_ptr + row_offsets(row, inner, sy_o, sy_i)).to(ACC)
         if f != 1.0:
             base = row_offsets(row, inner, sg_o, sg_i)
             c = (tile - row * n_cb) * BLOCK_C + tl.arange(0, BLOCK_C)
             ok = c < C
-            v = tl.load(g_ptr + base + c * sg_c, mask=ok).to(tl.float32)
+            v = tl.load(g_ptr + base + c * sg_c, mask=ok).to(ACC)
             tl.store(g_ptr + base + c * sg_c, (v * f).to(g_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
 def nll_fwd_kernel(
     x_ptr, t_ptr, w_ptr, loss_ptr, n_rows, C, inner, sx_o, sx_i, sx_c, st_o, st_i, ignore_index,
-    HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """loss[row] = -w[t] * x[row, t] (0 for ignored rows, NaN for out-of-range targets)."""
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    t, valid, bad, w_t = _row_target(t_ptr, rows, n_rows, inner, st_o, st_i, C, ignore_index, w_ptr, HAS_WEIGHT)
+    t, valid, bad, w_t = _row_target(t_ptr, rows, n_rows, inner, st_o, st_i, C, ignore_index, w_ptr, HAS_WEIGHT, ACC)
     use = valid & ~bad
     x_t = tl.load(x_ptr + row_offsets(rows, inner, sx_o, sx_i) + tl.where(use, t, 0) * sx_c,
-                  mask=use, other=0.0).to(tl.float32)
+                  mask=use, other=0.0).to(ACC)
     loss = tl.where(bad, float("nan"), -w_t * x_t)
     tl.store(loss_ptr + rows, loss.to(loss_ptr.dtype.element_ty), mask=rows < n_rows)
 
@@ -522,19 +528,20 @@ def nll_fwd_kernel(
 @triton.jit
 def nll_bwd_kernel(
     gy_ptr, t_ptr, w_ptr, stats_ptr, g_ptr, n_rows, C, inner, st_o, st_i, sy_o, sy_i, ignore_index,
-    HAS_WEIGHT: tl.constexpr, MEAN: tl.constexpr, PER_ROW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, MEAN: tl.constexpr, PER_ROW: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """g[row, c] = -(c == t) * w[t] * gy / D, written whole (zeros included) into a contiguous [N, C, d...]."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     live = rows < n_rows
-    t, valid, bad, w_t = _row_target(t_ptr, rows, n_rows, inner, st_o, st_i, C, ignore_index, w_ptr, HAS_WEIGHT)
+    t, valid, bad, w_t = _row_target(t_ptr, rows, n_rows, inner, st_o, st_i, C, ignore_index, w_ptr, HAS_WEIGHT, ACC)
     if PER_ROW:
-        f = tl.load(gy_ptr + row_offsets(rows, inner, sy_o, sy_i), mask=live, other=0.0).to(tl.float32)
+        f = tl.load(gy_ptr + row_offsets(rows, inner, sy_o, sy_i), mask=live, other=0.0).to(ACC)
     else:
-        f = tl.load(gy_ptr).to(tl.float32)
+        f = tl.load(gy_ptr).to(ACC)
     if MEAN:
-        f = f / tl.load(stats_ptr)
+        f = f / tl.load(stats_ptr).to(ACC)
     coef = tl.where(bad, float("nan"), -w_t * f)
     g = tl.where(cols[None, :] == t[:, None], coef[:, None], 0.0)
     g = tl.where(bad[:, None], float("nan"), g)
@@ -553,14 +560,15 @@ def _target_rows(target: torch.Tensor):
 
 
 def target_stats(op: str, target: torch.Tensor, n_classes: int, *, weight: torch.Tensor | None,
-                 ignore_index: int, inner: int) -> torch.Tensor:
-    """Device fp32 [3]: (sum of w[t] over non-ignored rows, sum(w), number of out-of-range targets).
+                 ignore_index: int, inner: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Device [3] of ``dtype`` (fp32, or fp64 for fp64 losses): (sum of w[t] over non-ignored rows, sum(w),
+    number of out-of-range targets).
 
     First raises any out-of-range count an earlier GPU call left pending whose copy has landed.
     """
     if _PENDING and not (target.is_cuda and torch.cuda.is_current_stream_capturing()):  # no event query in a capture
         check_pending_targets(wait=False)
-    stats = torch.empty(3, dtype=torch.float32, device=target.device)
+    stats = torch.empty(3, dtype=dtype, device=target.device)
     t, st_o, st_i = _target_rows(target)
     # a batch's targets in one step where they fit: the one program's loop is a chain of dependent loads
     block = min(max(triton.next_power_of_2(target.numel()), 128), TARGET_STATS_BLOCK)
@@ -588,7 +596,11 @@ def raise_on_bad_targets(op: str, stats: torch.Tensor, n_classes: int, ignore_in
         if n_bad:
             raise ValueError(_bad_targets_message(op, n_bad, n_classes, ignore_index))
         return
-    host = _PINNED.pop() if _PINNED else torch.empty(1, dtype=torch.float32, pin_memory=True)
+    host = next((h for h in _PINNED if h.dtype == stats.dtype), None)
+    if host is None:
+        host = torch.empty(1, dtype=stats.dtype, pin_memory=True)
+    else:
+        _PINNED.remove(host)
     host.copy_(stats[2:3], non_blocking=True)
     done = torch.cuda.Event()
     done.record()
@@ -659,6 +671,9 @@ def cross_entropy_rows(
     sg_o, sg_i, sg_c = row_view(g, 1)[2] if grad is not None else (0, 0, 0)
     w = weight if weight is not None else stats
     max_fused_c = max_fused_c or MAX_FUSED_C[x.element_size()]
+    if x.dtype == torch.float64 and (C > max_fused_c or split_config or persistent_warps or two_pass_config):
+        raise ValueError(f"cross_entropy: float64 logits are computed in float64 only for rows of up to "
+                         f"{max_fused_c} classes, got {C} (use float32 for longer rows)")
     meta = dict(HAS_WEIGHT=weight is not None, SMOOTH=label_smoothing > 0, MEAN=mean, COMPUTE_GRAD=grad is not None)
     if persistent_warps is None and C > ROW_PERSISTENT_MIN_C and grad is not None:
         persistent_warps = ROW_CONFIG[x.element_size()]
@@ -686,7 +701,8 @@ def cross_entropy_rows(
         block_m = min(max(1, TILE_ELEMENTS // block_c), triton.next_power_of_2(n_rows))
         cross_entropy_fwd_bwd_kernel[(cdiv(n_rows, block_m),)](
             x, t, w, stats, row_loss, g, n_rows, C, inner, sx_o, sx_i, sx_c, st_o, st_i, sg_o, sg_i, sg_c,
-            ignore_index, float(label_smoothing), **meta, BLOCK_M=block_m, BLOCK_C=block_c)
+            ignore_index, _float_bits(label_smoothing), **meta, ACC=compute_dtype(x.dtype), BLOCK_M=block_m,
+            BLOCK_C=block_c)
         return
     block_c, num_warps = split_config or SPLIT_CONFIG[x.element_size()]
     # slices no longer than the in-register limit (tests lower it to reach this path with tiny rows)
@@ -755,9 +771,10 @@ def cross_entropy_fwd_bwd(
     gradient overwrites ``logits`` (returned as dlogits; the caller must own that buffer).
     """
     x, n_rows, C, inner, _ = _class_rows(logits)
-    stats = target_stats("cross_entropy", target, C, weight=weight, ignore_index=ignore_index, inner=inner)
+    stats = target_stats("cross_entropy", target, C, weight=weight, ignore_index=ignore_index, inner=inner,
+                         dtype=partial_dtype(logits.dtype))
     row_loss = (torch.empty(target.shape, dtype=logits.dtype, device=logits.device) if reduction == "none"
-                else torch.empty(n_rows, dtype=torch.float32, device=logits.device))
+                else torch.empty(n_rows, dtype=partial_dtype(logits.dtype), device=logits.device))
     grad = None
     if compute_grad:
         # In place only into the caller's own buffer (not into a contiguous copy row_view made).
@@ -811,7 +828,7 @@ def cross_entropy_scale_grad_(grad: torch.Tensor, gy: torch.Tensor) -> torch.Ten
     tiles = n_rows * cdiv(C, block_c)
     programs = min(tiles, 8 * _num_sms(grad.device) if grad.is_cuda else 4)
     scale_rows_kernel[(programs,)](grad, gy, n_rows, C, inner, sg_o, sg_i, sg_c, sy_o, sy_i,
-                                   PER_ROW=per_row, BLOCK_C=block_c, num_warps=8)
+                                   PER_ROW=per_row, ACC=compute_dtype(grad.dtype), BLOCK_C=block_c, num_warps=8)
     return grad
 
 
@@ -820,14 +837,15 @@ def nll_fwd(logp: torch.Tensor, target: torch.Tensor, *, weight: torch.Tensor | 
     """nll loss of log-probabilities logp [N, C, d...] at targets [N, d...]: 0-d or [N, d...] (logp's dtype)."""
     op = "nll_loss"
     x, n_rows, C, inner, (sx_o, sx_i, sx_c) = _class_rows(logp)
-    stats = target_stats(op, target, C, weight=weight, ignore_index=ignore_index, inner=inner)
+    stats = target_stats(op, target, C, weight=weight, ignore_index=ignore_index, inner=inner,
+                         dtype=partial_dtype(logp.dtype))
     row_loss = (torch.empty(target.shape, dtype=logp.dtype, device=logp.device) if reduction == "none"
-                else torch.empty(n_rows, dtype=torch.float32, device=logp.device))
+                else torch.empty(n_rows, dtype=partial_dtype(logp.dtype), device=logp.device))
     if n_rows:
         t, st_o, st_i = _target_rows(target)
         nll_fwd_kernel[(cdiv(n_rows, STATS_BLOCK),)](
             x, t, weight if weight is not None else stats, row_loss, n_rows, C, inner, sx_o, sx_i, sx_c,
-            st_o, st_i, ignore_index, HAS_WEIGHT=weight is not None, BLOCK=STATS_BLOCK)
+            st_o, st_i, ignore_index, HAS_WEIGHT=weight is not None, ACC=compute_dtype(logp.dtype), BLOCK=STATS_BLOCK)
     loss = row_loss if reduction == "none" else sum_to_scalar(
         row_loss, logp.dtype, denom=stats if reduction == "mean" else None)
     raise_on_bad_targets(op, stats, C, ignore_index, check_targets)
@@ -843,7 +861,8 @@ def nll_bwd(gy: torch.Tensor, target: torch.Tensor, shape: tuple[int, ...], dtyp
         inner *= s
     n_rows = target.numel()
     g = torch.empty(shape, dtype=dtype, device=target.device)
-    stats = target_stats("nll_loss", target, C, weight=weight, ignore_index=ignore_index, inner=inner)
+    stats = target_stats("nll_loss", target, C, weight=weight, ignore_index=ignore_index, inner=inner,
+                         dtype=partial_dtype(dtype))
     if n_rows and C:
         t, st_o, st_i = _target_rows(target)
         per_row = reduction == "none"
@@ -853,5 +872,5 @@ def nll_bwd(gy: torch.Tensor, target: torch.Tensor, shape: tuple[int, ...], dtyp
         nll_bwd_kernel[(cdiv(n_rows, block_m), cdiv(C, block_c))](
             gy, t, weight if weight is not None else stats, stats, g, n_rows, C, inner, st_o, st_i, sy_o, sy_i,
             ignore_index, HAS_WEIGHT=weight is not None, MEAN=reduction == "mean", PER_ROW=per_row,
-            BLOCK_M=block_m, BLOCK_C=block_c)
+            ACC=compute_dtype(dtype), BLOCK_M=block_m, BLOCK_C=block_c)
     return g

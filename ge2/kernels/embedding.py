@@ -3,8 +3,8 @@
 Forward copies row ``weight[idx[i]]`` for each index (one program per (index block, column
 block)). An out-of-range index writes NaN in its row, never reads out of bounds, and counts in
 a device flag that the launcher reads after the launch (one 4-byte host read) to raise a clear
-error. Backward adds each gy row into dweight[idx[i]] with atomics (fp32 accumulation; order of
-additions, so the last bits, can vary between GPU runs), skipping ``padding_idx``.
+error. Backward adds each gy row into dweight[idx[i]] with atomics (fp32 accumulation, fp64 for an
+fp64 table; order of additions, so the last bits, can vary between GPU runs), skipping ``padding_idx``.
 """
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ import triton.language as tl
 from ge2.runtime import cdiv
 
 BLOCK_I = 16
-
-
 
 
 def _block_d(D: int) -> int:
@@ -50,7 +48,7 @@ def embedding_bwd_kernel(idx_ptr, gy_ptr, gw_ptr, n_idx, V, D, padding_idx,
     idx = tl.load(idx_ptr + rows, mask=rows < n_idx, other=-1).to(tl.int64)
     use = (rows < n_idx) & (idx >= 0) & (idx < V) & (idx != padding_idx)
     m = use[:, None] & (cols[None, :] < D)
-    g = tl.load(gy_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    g = tl.load(gy_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :], mask=m, other=0.0).to(gw_ptr.dtype.element_ty)
     tl.atomic_add(gw_ptr + tl.where(use, idx, 0)[:, None] * D + cols[None, :], g, mask=m)
 
 
@@ -79,11 +77,12 @@ def embedding_backward(gy: torch.Tensor, idx: torch.Tensor, V: int, padding_idx:
     flat = idx.contiguous().view(-1)  # the kernels read the ids packed; a strided view would be misread
     D = gy.shape[-1]
     g2 = gy.reshape(-1, D).contiguous()
-    gw = torch.zeros((V, D), dtype=torch.float32, device=gy.device)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    gw = torch.zeros((V, D), dtype=acc, device=gy.device)
     n = flat.numel()
     if n and D:
         bd = _block_d(D)
         embedding_bwd_kernel[(cdiv(n, BLOCK_I), cdiv(D, bd))](
             flat, g2, gw, n, V, D, -1 if padding_idx is None else padding_idx, BLOCK_I=BLOCK_I, BLOCK_D=bd,
             num_warps=4)
-    return gw if dtype == torch.float32 else gw.to(dtype)
+    return gw if dtype == acc else gw.to(dtype)

@@ -5,7 +5,8 @@
 
 Inputs are read through strides (up to 4 dims; ``weight``/``pos_weight`` broadcast by zero
 strides), so nothing is expanded in memory. A reduced loss is summed in two deterministic steps:
-one fp32 partial per program, then ``sum_to_scalar``. Gradients come from ``loss_bwd`` with
+one partial per program, then ``sum_to_scalar``. Math is fp32 for fp32/bf16/fp16 inputs and fp64
+for fp64 inputs (``compute_dtype``: a constexpr, so the fp32 kernels are unchanged). Gradients come from ``loss_bwd`` with
 ``gy`` read on the device (a 0-d tensor for mean/sum), so backward never syncs with the host.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ge2.kernels.softmax import compute_dtype
 from ge2.runtime import cdiv
 
 MSE, BCE_WITH_LOGITS = 0, 1
@@ -22,29 +24,42 @@ ELEMENTWISE_BLOCK = 1024
 SUM_BLOCK = 1024
 
 
+def partial_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of per-row / per-program partial losses for inputs of ``dtype`` (the compute dtype)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 # ---------------------------------------------------------------------------------------------
 # shared reductions
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def sum_to_scalar_kernel(src_ptr, n, out_ptr, denom_ptr, scale, HAS_DENOM: tl.constexpr, BLOCK: tl.constexpr):
-    """out[0] = scale * sum(src[:n]) / denom[0]: one program, a fixed order, so the loss is deterministic."""
-    acc = tl.zeros([BLOCK], tl.float32)
+def sum_to_scalar_kernel(src_ptr, n, out_ptr, denom_ptr, count, HAS_DENOM: tl.constexpr, HAS_COUNT: tl.constexpr,
+                         ACC: tl.constexpr, BLOCK: tl.constexpr):
+    """out[0] = sum(src[:n]) / denom[0] (or / count): one program, a fixed order, so the loss is deterministic."""
+    acc = tl.zeros([BLOCK], ACC)
     for start in range(0, n, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        acc += tl.load(src_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
-    total = tl.sum(acc, 0) * scale
+        acc += tl.load(src_ptr + offs, mask=offs < n, other=0.0).to(ACC)
+    total = tl.sum(acc, 0)
     if HAS_DENOM:
         # A zero denominator (every target ignored) gives 0/0 = NaN, like torch.
-        total = total / tl.load(denom_ptr)
+        total = total / tl.load(denom_ptr).to(ACC)
+    if HAS_COUNT:
+        # a mean over count elements: 0/0 = NaN for an empty input, like torch
+        total = total / count
     tl.store(out_ptr, total.to(out_ptr.dtype.element_ty))
 
 
-def sum_to_scalar(src: torch.Tensor, out_dtype: torch.dtype, *, scale: float = 1.0,
+def sum_to_scalar(src: torch.Tensor, out_dtype: torch.dtype, *, count: int | None = None,
                   denom: torch.Tensor | None = None) -> torch.Tensor:
-    """0-d tensor: scale * sum(src) / denom[0] (src contiguous; denom a device fp32 tensor or None)."""
+    """0-d tensor: sum(src) / denom[0] or / count (src contiguous; denom a 1-element device tensor or None).
+
+    Summed in fp64 when src or out_dtype is fp64, else in fp32.
+    """
     out = torch.empty((), dtype=out_dtype, device=src.device)
-    sum_to_scalar_kernel[(1,)](src, src.numel(), out, denom if denom is not None else src, float(scale),
-                               HAS_DENOM=denom is not None, BLOCK=SUM_BLOCK)
+    acc = tl.float64 if torch.float64 in (src.dtype, out_dtype) else tl.float32
+    sum_to_scalar_kernel[(1,)](src, src.numel(), out, denom if denom is not None else src, count or 0,
+                               HAS_DENOM=denom is not None, HAS_COUNT=count is not None, ACC=acc, BLOCK=SUM_BLOCK)
     return out
 
 
@@ -90,25 +105,26 @@ def _softplus(x):
 def loss_fwd_kernel(
     x_ptr, t_ptr, w_ptr, pw_ptr, out_ptr, numel, d1, d2, d3,
     sx0, sx1, sx2, sx3, st0, st1, st2, st3, sw0, sw1, sw2, sw3, sp0, sp1, sp2, sp3,
-    KIND: tl.constexpr, HAS_W: tl.constexpr, HAS_PW: tl.constexpr, REDUCE: tl.constexpr, BLOCK: tl.constexpr,
+    KIND: tl.constexpr, HAS_W: tl.constexpr, HAS_PW: tl.constexpr, REDUCE: tl.constexpr, ACC: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
-    """The elementwise loss: out[k] (REDUCE=False) or one fp32 partial sum per program (REDUCE=True)."""
+    """The elementwise loss: out[k] (REDUCE=False) or one partial sum (in ACC) per program (REDUCE=True)."""
     k = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = k < numel
     i0, i1, i2, i3 = _index4(k, d1, d2, d3)
-    x = tl.load(x_ptr + i0 * sx0 + i1 * sx1 + i2 * sx2 + i3 * sx3, mask=ok, other=0.0).to(tl.float32)
-    t = tl.load(t_ptr + i0 * st0 + i1 * st1 + i2 * st2 + i3 * st3, mask=ok, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + i0 * sx0 + i1 * sx1 + i2 * sx2 + i3 * sx3, mask=ok, other=0.0).to(ACC)
+    t = tl.load(t_ptr + i0 * st0 + i1 * st1 + i2 * st2 + i3 * st3, mask=ok, other=0.0).to(ACC)
     if KIND == 0:
         d = x - t
         loss = d * d
     else:
         if HAS_PW:
-            pw = tl.load(pw_ptr + i0 * sp0 + i1 * sp1 + i2 * sp2 + i3 * sp3, mask=ok, other=1.0).to(tl.float32)
+            pw = tl.load(pw_ptr + i0 * sp0 + i1 * sp1 + i2 * sp2 + i3 * sp3, mask=ok, other=1.0).to(ACC)
             loss = (1.0 - t) * x + (1.0 + (pw - 1.0) * t) * _softplus(-x)
         else:
             loss = (1.0 - t) * x + _softplus(-x)
         if HAS_W:
-            loss *= tl.load(w_ptr + i0 * sw0 + i1 * sw1 + i2 * sw2 + i3 * sw3, mask=ok, other=0.0).to(tl.float32)
+            loss *= tl.load(w_ptr + i0 * sw0 + i1 * sw1 + i2 * sw2 + i3 * sw3, mask=ok, other=0.0).to(ACC)
     if REDUCE:
         tl.store(out_ptr + tl.program_id(0), tl.sum(tl.where(ok, loss, 0.0), 0))
     else:
@@ -117,27 +133,27 @@ def loss_fwd_kernel(
 
 @triton.jit
 def loss_bwd_kernel(
-    gy_ptr, x_ptr, t_ptr, w_ptr, pw_ptr, gx_ptr, gt_ptr, numel, d1, d2, d3, gy_scale,
+    gy_ptr, x_ptr, t_ptr, w_ptr, pw_ptr, gx_ptr, gt_ptr, numel, d1, d2, d3, gy_div,
     sg0, sg1, sg2, sg3, sx0, sx1, sx2, sx3, st0, st1, st2, st3, sw0, sw1, sw2, sw3, sp0, sp1, sp2, sp3,
     KIND: tl.constexpr, HAS_W: tl.constexpr, HAS_PW: tl.constexpr, REDUCED: tl.constexpr,
-    NEED_X: tl.constexpr, NEED_T: tl.constexpr, BLOCK: tl.constexpr,
+    NEED_X: tl.constexpr, NEED_T: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """gx = gy * dl/dx and gt = gy * dl/dt (contiguous); gy is a scalar (REDUCED, times gy_scale) or strided."""
+    """gx = gy * dl/dx and gt = gy * dl/dt (contiguous); gy is a scalar (REDUCED, divided by gy_div) or strided."""
     k = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = k < numel
     i0, i1, i2, i3 = _index4(k, d1, d2, d3)
-    x = tl.load(x_ptr + i0 * sx0 + i1 * sx1 + i2 * sx2 + i3 * sx3, mask=ok, other=0.0).to(tl.float32)
-    t = tl.load(t_ptr + i0 * st0 + i1 * st1 + i2 * st2 + i3 * st3, mask=ok, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + i0 * sx0 + i1 * sx1 + i2 * sx2 + i3 * sx3, mask=ok, other=0.0).to(ACC)
+    t = tl.load(t_ptr + i0 * st0 + i1 * st1 + i2 * st2 + i3 * st3, mask=ok, other=0.0).to(ACC)
     if REDUCED:
-        g = tl.load(gy_ptr).to(tl.float32) * gy_scale
+        g = tl.load(gy_ptr).to(ACC) / gy_div
     else:
-        g = tl.load(gy_ptr + i0 * sg0 + i1 * sg1 + i2 * sg2 + i3 * sg3, mask=ok, other=0.0).to(tl.float32)
+        g = tl.load(gy_ptr + i0 * sg0 + i1 * sg1 + i2 * sg2 + i3 * sg3, mask=ok, other=0.0).to(ACC)
     if KIND == 0:
         dx = 2.0 * (x - t)
         dt = -dx
     else:
         if HAS_PW:
-            pw = tl.load(pw_ptr + i0 * sp0 + i1 * sp1 + i2 * sp2 + i3 * sp3, mask=ok, other=1.0).to(tl.float32)
+            pw = tl.load(pw_ptr + i0 * sp0 + i1 * sp1 + i2 * sp2 + i3 * sp3, mask=ok, other=1.0).to(ACC)
         else:
             pw = 1.0
         # d/dx = sigmoid(x) * (1 - t + pw * t) - pw * t;  d/dt = (pw - 1) * softplus(-x) - x
@@ -145,7 +161,7 @@ def loss_bwd_kernel(
         dx = sig * (1.0 - t + pw * t) - pw * t
         dt = (pw - 1.0) * _softplus(-x) - x
         if HAS_W:
-            w = tl.load(w_ptr + i0 * sw0 + i1 * sw1 + i2 * sw2 + i3 * sw3, mask=ok, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + i0 * sw0 + i1 * sw1 + i2 * sw2 + i3 * sw3, mask=ok, other=0.0).to(ACC)
             dx *= w
             dt *= w
     if NEED_X:
@@ -178,17 +194,16 @@ def loss_fwd(kind: int, x: torch.Tensor, target: torch.Tensor, *, weight: torch.
     numel = x.numel()
     grid = (max(1, cdiv(numel, ELEMENTWISE_BLOCK)),)
     reduce = reduction != "none"
-    out = (torch.empty(grid[0], dtype=torch.float32, device=x.device) if reduce
+    out = (torch.empty(grid[0], dtype=partial_dtype(x.dtype), device=x.device) if reduce
            else torch.empty(x.shape, dtype=x.dtype, device=x.device))
     loss_fwd_kernel[grid](
         x4, t4, w4 if w4 is not None else x4, p4 if p4 is not None else x4, out, numel, *shape4[1:],
         *_strides4(x4, view), *_strides4(t4, view), *_strides4(w4, view), *_strides4(p4, view),
-        KIND=kind, HAS_W=w4 is not None, HAS_PW=p4 is not None, REDUCE=reduce, BLOCK=ELEMENTWISE_BLOCK)
+        KIND=kind, HAS_W=w4 is not None, HAS_PW=p4 is not None, REDUCE=reduce, ACC=compute_dtype(x.dtype),
+        BLOCK=ELEMENTWISE_BLOCK)
     if not reduce:
         return out
-    # mean of an empty tensor is NaN (0/0), like torch.
-    scale = 1.0 if reduction == "sum" else (1.0 / numel if numel else float("nan"))
-    return sum_to_scalar(out, x.dtype, scale=scale)
+    return sum_to_scalar(out, x.dtype, count=numel if reduction == "mean" else None)
 
 
 def loss_bwd(kind: int, gy: torch.Tensor, x: torch.Tensor, target: torch.Tensor, *,
@@ -201,11 +216,12 @@ def loss_bwd(kind: int, gy: torch.Tensor, x: torch.Tensor, target: torch.Tensor,
     gx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if need_x else None
     gt = torch.empty(target.shape, dtype=target.dtype, device=x.device) if need_target else None
     if numel and (need_x or need_target):
-        gy_scale = 1.0 / numel if reduction == "mean" else 1.0
+        gy_div = numel if reduction == "mean" else 1
         loss_bwd_kernel[(cdiv(numel, ELEMENTWISE_BLOCK),)](
             g4 if g4 is not None else gy, x4, t4, w4 if w4 is not None else x4, p4 if p4 is not None else x4,
-            gx if gx is not None else x4, gt if gt is not None else x4, numel, *shape4[1:], gy_scale,
+            gx if gx is not None else x4, gt if gt is not None else x4, numel, *shape4[1:], gy_div,
             *_strides4(g4, view), *_strides4(x4, view), *_strides4(t4, view), *_strides4(w4, view),
             *_strides4(p4, view), KIND=kind, HAS_W=w4 is not None, HAS_PW=p4 is not None,
-            REDUCED=reduction != "none", NEED_X=need_x, NEED_T=need_target, BLOCK=ELEMENTWISE_BLOCK)
+            REDUCED=reduction != "none", NEED_X=need_x, NEED_T=need_target, ACC=compute_dtype(x.dtype),
+            BLOCK=ELEMENTWISE_BLOCK)
     return gx, gt

@@ -4,7 +4,9 @@ Row norms (LayerNorm, RMSNorm) see x as [M, N] rows: one program per row, which 
 ``BLOCK_N`` chunks (once for the mean, once for the variance, once to write), so any N works and
 a row that fits one chunk is read from cache after the first sweep. The variance is the mean of
 squared deviations from the already-computed mean (two passes), not E[x^2] - E[x]^2, which
-cancels catastrophically when |mean| >> std. Math is fp32 whatever the storage dtype.
+cancels catastrophically when |mean| >> std. Math is fp32 for fp32/bf16/fp16 storage and fp64 for
+fp64 (the constexpr ACC; eps and momentum reach the kernels as their fp64 bits), and the saved
+statistics and weight-gradient partials are in that compute dtype.
 
     layer_norm: y = (x - mean) * rstd * w + b,  rstd = 1 / sqrt(var + eps)
     rms_norm:   y = x * rstd * w,               rstd = 1 / sqrt(mean(x^2) + eps)
@@ -25,7 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ge2.kernels.elementwise import _float_arg, _float_bits
 from ge2.kernels.gemm import sum_partials
+from ge2.kernels.losses import partial_dtype
+from ge2.kernels.softmax import compute_dtype
 from ge2.runtime import autotune, cdiv
 
 MAX_BLOCK_N = 4096  # row chunk; longer rows are swept in chunks of this size
@@ -51,23 +56,24 @@ def _fixed_warps(block: int) -> int:
 @triton.jit
 def row_norm_fwd_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, N, stride_xm, stride_xn, stride_ym, eps,
-    RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_N: tl.constexpr,
+    RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """One row: mean and rstd (saved, fp32), then y = (x - mean) * rstd * w + b."""
+    """One row: mean and rstd (saved, in ACC), then y = (x - mean) * rstd * w + b."""
+    eps = _float_arg(eps, ACC)
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xm
     cols = tl.arange(0, BLOCK_N)
     mean = 0.0
     if not RMS:
-        acc = tl.zeros([BLOCK_N], tl.float32)
+        acc = tl.zeros([BLOCK_N], ACC)
         for start in range(0, N, BLOCK_N):
             c = start + cols
-            acc += tl.load(x_row + c * stride_xn, mask=c < N, other=0.0).to(tl.float32)
+            acc += tl.load(x_row + c * stride_xn, mask=c < N, other=0.0).to(ACC)
         mean = tl.sum(acc, axis=0) / N
-    acc = tl.zeros([BLOCK_N], tl.float32)
+    acc = tl.zeros([BLOCK_N], ACC)
     for start in range(0, N, BLOCK_N):
         c = start + cols
-        d = tl.where(c < N, tl.load(x_row + c * stride_xn, mask=c < N, other=0.0).to(tl.float32) - mean, 0.0)
+        d = tl.where(c < N, tl.load(x_row + c * stride_xn, mask=c < N, other=0.0).to(ACC) - mean, 0.0)
         acc += d * d
     rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / N + eps)
     tl.store(mean_ptr + row, mean)
@@ -75,11 +81,11 @@ def row_norm_fwd_kernel(
     for start in range(0, N, BLOCK_N):
         c = start + cols
         m = c < N
-        y = (tl.load(x_row + c * stride_xn, mask=m, other=0.0).to(tl.float32) - mean) * rstd
+        y = (tl.load(x_row + c * stride_xn, mask=m, other=0.0).to(ACC) - mean) * rstd
         if HAS_W:
-            y = y * tl.load(w_ptr + c, mask=m, other=0.0).to(tl.float32)
+            y = y * tl.load(w_ptr + c, mask=m, other=0.0).to(ACC)
         if HAS_B:
-            y = y + tl.load(b_ptr + c, mask=m, other=0.0).to(tl.float32)
+            y = y + tl.load(b_ptr + c, mask=m, other=0.0).to(ACC)
         tl.store(y_ptr + row * stride_ym + c, y.to(y_ptr.dtype.element_ty), mask=m)
 
 
@@ -88,7 +94,7 @@ def row_norm_bwd_kernel(
     gy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, gx_ptr, dw_partial_ptr, db_partial_ptr,
     M, N, stride_gm, stride_gn, stride_xm, stride_xn, stride_gxm,
     RMS: tl.constexpr, HAS_W: tl.constexpr, NEED_X: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """gx for ROWS rows, and this program's partial sums of gy * xhat (dw) and gy (db)."""
     pid = tl.program_id(0)
@@ -104,15 +110,15 @@ def row_norm_bwd_kernel(
             x_row = x_ptr + row64 * stride_xm
             if NEED_X:
                 # the two row means of the gx formula: mean(g) and mean(g * xhat), g = gy * w
-                acc_g = tl.zeros([BLOCK_N], tl.float32)
-                acc_gx = tl.zeros([BLOCK_N], tl.float32)
+                acc_g = tl.zeros([BLOCK_N], ACC)
+                acc_gx = tl.zeros([BLOCK_N], ACC)
                 for start in range(0, N, BLOCK_N):
                     c = start + cols
                     m = c < N
-                    g = tl.load(gy_row + c * stride_gn, mask=m, other=0.0).to(tl.float32)
+                    g = tl.load(gy_row + c * stride_gn, mask=m, other=0.0).to(ACC)
                     if HAS_W:
-                        g = g * tl.load(w_ptr + c, mask=m, other=0.0).to(tl.float32)
-                    xhat = (tl.load(x_row + c * stride_xn, mask=m, other=0.0).to(tl.float32) - mean) * rstd
+                        g = g * tl.load(w_ptr + c, mask=m, other=0.0).to(ACC)
+                    xhat = (tl.load(x_row + c * stride_xn, mask=m, other=0.0).to(ACC) - mean) * rstd
                     acc_g += g
                     acc_gx += tl.where(m, g * xhat, 0.0)
                 mean_g = tl.sum(acc_g, axis=0) / N
@@ -122,12 +128,12 @@ def row_norm_bwd_kernel(
             for start in range(0, N, BLOCK_N):
                 c = start + cols
                 m = c < N
-                gy = tl.load(gy_row + c * stride_gn, mask=m, other=0.0).to(tl.float32)
-                xhat = (tl.load(x_row + c * stride_xn, mask=m, other=0.0).to(tl.float32) - mean) * rstd
+                gy = tl.load(gy_row + c * stride_gn, mask=m, other=0.0).to(ACC)
+                xhat = (tl.load(x_row + c * stride_xn, mask=m, other=0.0).to(ACC) - mean) * rstd
                 if NEED_X:
                     g = gy
                     if HAS_W:
-                        g = g * tl.load(w_ptr + c, mask=m, other=0.0).to(tl.float32)
+                        g = g * tl.load(w_ptr + c, mask=m, other=0.0).to(ACC)
                     gx = rstd * (g - mean_g - xhat * mean_gx)
                     tl.store(gx_ptr + row64 * stride_gxm + c, gx.to(gx_ptr.dtype.element_ty), mask=m)
                 if NEED_W:
@@ -149,20 +155,20 @@ def _block_n(n: int) -> int:
 
 def row_norm_fwd(x: torch.Tensor, n: int, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
                  rms: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(y like x, mean [M] fp32, rstd [M] fp32) normalising each row of the last ``n`` elements."""
+    """(y like x, mean [M], rstd [M]) normalising each row of the last ``n`` elements (stats fp32; fp64 for fp64 x)."""
     x2 = _rows(x, n)
     M = x2.shape[0]
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    mean = torch.empty(M, dtype=torch.float32, device=x.device)
-    rstd = torch.empty(M, dtype=torch.float32, device=x.device)
+    mean = torch.empty(M, dtype=partial_dtype(x.dtype), device=x.device)
+    rstd = torch.empty(M, dtype=partial_dtype(x.dtype), device=x.device)
     if M == 0:
         return y, mean, rstd
     w = weight.reshape(-1) if weight is not None else None
     b = bias.reshape(-1) if bias is not None else None
     row_norm_fwd_kernel[(M,)](
         x2, w if w is not None else x2, b if b is not None else x2, y, mean, rstd, n,
-        x2.stride(0), x2.stride(1), n, float(eps),
-        RMS=rms, HAS_W=w is not None, HAS_B=b is not None, BLOCK_N=_block_n(n))
+        x2.stride(0), x2.stride(1), n, _float_bits(eps),
+        RMS=rms, HAS_W=w is not None, HAS_B=b is not None, ACC=compute_dtype(x.dtype), BLOCK_N=_block_n(n))
     return y, mean, rstd
 
 
@@ -173,8 +179,8 @@ def row_norm_bwd(gy: torch.Tensor, x: torch.Tensor, n: int, weight: torch.Tensor
     M = x2.shape[0]
     gx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if need_x else None
     programs = max(cdiv(M, ROWS_PER_PROGRAM), 1)
-    dw_part = torch.zeros((programs, n), dtype=torch.float32, device=x.device) if need_weight else None
-    db_part = torch.zeros((programs, n), dtype=torch.float32, device=x.device) if need_bias else None
+    dw_part = torch.zeros((programs, n), dtype=partial_dtype(x.dtype), device=x.device) if need_weight else None
+    db_part = torch.zeros((programs, n), dtype=partial_dtype(x.dtype), device=x.device) if need_bias else None
     w = weight.reshape(-1) if weight is not None else None
     if M > 0:
         row_norm_bwd_kernel[(programs,)](
@@ -182,7 +188,7 @@ def row_norm_bwd(gy: torch.Tensor, x: torch.Tensor, n: int, weight: torch.Tensor
             dw_part if dw_part is not None else mean, db_part if db_part is not None else mean,
             M, n, gy2.stride(0), gy2.stride(1), x2.stride(0), x2.stride(1), n,
             RMS=rms, HAS_W=w is not None, NEED_X=need_x, NEED_W=need_weight, NEED_B=need_bias,
-            ROWS=ROWS_PER_PROGRAM, BLOCK_N=_block_n(n), num_warps=_fixed_warps(_block_n(n)))
+            ROWS=ROWS_PER_PROGRAM, ACC=compute_dtype(x.dtype), BLOCK_N=_block_n(n), num_warps=_fixed_warps(_block_n(n)))
     shape = weight.shape if weight is not None else (n,)
 
     def reduce(part):
@@ -209,50 +215,52 @@ def batch_norm_fwd_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, rmean_ptr, rvar_ptr, tracked_ptr, mean_ptr, rstd_ptr,
     L, S, sxn, sxc, sxs, syn, syc, sys, eps, momentum,
     TRAINING: tl.constexpr, UPDATE_RUNNING: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    BLOCK: tl.constexpr,
+    ACC: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """One channel: batch (or running) statistics, running-stat update, y = (x - mean) * rstd * w + b."""
+    eps = _float_arg(eps, ACC)
+    momentum = _float_arg(momentum, ACC)
     c = tl.program_id(0)
     x_c = x_ptr + c.to(tl.int64) * sxc
     offs = tl.arange(0, BLOCK)
     if TRAINING:
-        acc = tl.zeros([BLOCK], tl.float32)
+        acc = tl.zeros([BLOCK], ACC)
         for start in range(0, L, BLOCK):
             i = start + offs
-            acc += tl.load(x_c + _bn_offsets(i, S, sxn, sxs), mask=i < L, other=0.0).to(tl.float32)
+            acc += tl.load(x_c + _bn_offsets(i, S, sxn, sxs), mask=i < L, other=0.0).to(ACC)
         mean = tl.sum(acc, axis=0) / L
-        acc = tl.zeros([BLOCK], tl.float32)
+        acc = tl.zeros([BLOCK], ACC)
         for start in range(0, L, BLOCK):
             i = start + offs
-            d = tl.load(x_c + _bn_offsets(i, S, sxn, sxs), mask=i < L, other=0.0).to(tl.float32) - mean
+            d = tl.load(x_c + _bn_offsets(i, S, sxn, sxs), mask=i < L, other=0.0).to(ACC) - mean
             acc += tl.where(i < L, d * d, 0.0)
         var = tl.sum(acc, axis=0) / L
         if UPDATE_RUNNING:
-            rm = tl.load(rmean_ptr + c).to(tl.float32)
-            rv = tl.load(rvar_ptr + c).to(tl.float32)
+            rm = tl.load(rmean_ptr + c).to(ACC)
+            rv = tl.load(rvar_ptr + c).to(ACC)
             unbiased = var * L / tl.maximum(L - 1, 1)
             tl.store(rmean_ptr + c, ((1.0 - momentum) * rm + momentum * mean).to(rmean_ptr.dtype.element_ty))
             tl.store(rvar_ptr + c, ((1.0 - momentum) * rv + momentum * unbiased).to(rvar_ptr.dtype.element_ty))
             if c == 0:
                 tl.store(tracked_ptr, tl.load(tracked_ptr) + 1)
     else:
-        mean = tl.load(rmean_ptr + c).to(tl.float32)
-        var = tl.load(rvar_ptr + c).to(tl.float32)
+        mean = tl.load(rmean_ptr + c).to(ACC)
+        var = tl.load(rvar_ptr + c).to(ACC)
     rstd = 1.0 / tl.sqrt(var + eps)
     tl.store(mean_ptr + c, mean)
     tl.store(rstd_ptr + c, rstd)
     scale = rstd
     shift = -mean * rstd
     if HAS_W:
-        w = tl.load(w_ptr + c).to(tl.float32)
+        w = tl.load(w_ptr + c).to(ACC)
         scale = scale * w
         shift = shift * w
     if HAS_B:
-        shift = shift + tl.load(b_ptr + c).to(tl.float32)
+        shift = shift + tl.load(b_ptr + c).to(ACC)
     y_c = y_ptr + c.to(tl.int64) * syc
     for start in range(0, L, BLOCK):
         i = start + offs
-        x = tl.load(x_c + _bn_offsets(i, S, sxn, sxs), mask=i < L, other=0.0).to(tl.float32)
+        x = tl.load(x_c + _bn_offsets(i, S, sxn, sxs), mask=i < L, other=0.0).to(ACC)
         tl.store(y_c + _bn_offsets(i, S, syn, sys), (x * scale + shift).to(y_ptr.dtype.element_ty), mask=i < L)
 
 
@@ -261,7 +269,7 @@ def batch_norm_fwd_kernel(
 def batch_norm_bwd_kernel(
     gy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, gx_ptr, dw_ptr, db_ptr,
     L, S, sgn, sgc, sgs, sxn, sxc, sxs, son, soc,
-    TRAINING: tl.constexpr, HAS_W: tl.constexpr, NEED_X: tl.constexpr, BLOCK: tl.constexpr,
+    TRAINING: tl.constexpr, HAS_W: tl.constexpr, NEED_X: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """One channel: dw = sum(gy * xhat), db = sum(gy), gx (batch statistics: their gradient too)."""
     c = tl.program_id(0)
@@ -270,12 +278,12 @@ def batch_norm_bwd_kernel(
     mean = tl.load(mean_ptr + c)
     rstd = tl.load(rstd_ptr + c)
     offs = tl.arange(0, BLOCK)
-    acc_g = tl.zeros([BLOCK], tl.float32)
-    acc_gx = tl.zeros([BLOCK], tl.float32)
+    acc_g = tl.zeros([BLOCK], ACC)
+    acc_gx = tl.zeros([BLOCK], ACC)
     for start in range(0, L, BLOCK):
         i = start + offs
-        g = tl.load(g_c + _bn_offsets(i, S, sgn, sgs), mask=i < L, other=0.0).to(tl.float32)
-        xhat = (tl.load(x_c + _bn_offsets(i, S, sxn, sxs), mask=i < L, other=0.0).to(tl.float32) - mean) * rstd
+        g = tl.load(g_c + _bn_offsets(i, S, sgn, sgs), mask=i < L, other=0.0).to(ACC)
+        xhat = (tl.load(x_c + _bn_offsets(i, S, sxn, sxs), mask=i < L, other=0.0).to(ACC) - mean) * rstd
         acc_g += g
         acc_gx += tl.where(i < L, g * xhat, 0.0)
     sum_g = tl.sum(acc_g, axis=0)
@@ -285,13 +293,13 @@ def batch_norm_bwd_kernel(
     if NEED_X:
         scale = rstd
         if HAS_W:
-            scale = scale * tl.load(w_ptr + c).to(tl.float32)
+            scale = scale * tl.load(w_ptr + c).to(ACC)
         gx_c = gx_ptr + c.to(tl.int64) * soc
         for start in range(0, L, BLOCK):
             i = start + offs
-            g = tl.load(g_c + _bn_offsets(i, S, sgn, sgs), mask=i < L, other=0.0).to(tl.float32)
+            g = tl.load(g_c + _bn_offsets(i, S, sgn, sgs), mask=i < L, other=0.0).to(ACC)
             if TRAINING:
-                xhat = (tl.load(x_c + _bn_offsets(i, S, sxn, sxs), mask=i < L, other=0.0).to(tl.float32) - mean) * rstd
+                xhat = (tl.load(x_c + _bn_offsets(i, S, sxn, sxs), mask=i < L, other=0.0).to(ACC) - mean) * rstd
                 g = g - sum_g / L - xhat * (sum_gx / L)
             tl.store(gx_c + _bn_offsets(i, S, son, 1), (g * scale).to(gx_ptr.dtype.element_ty), mask=i < L)
 
@@ -305,33 +313,34 @@ def _ncs(x: torch.Tensor) -> tuple[int, int, int, tuple[int, int, int]]:
 
 def batch_norm_fwd(x: torch.Tensor, weight, bias, running_mean, running_var, num_batches_tracked, *,
                    training: bool, momentum: float, eps: float):
-    """(y like x, mean [C] fp32, rstd [C] fp32); updates running stats in place when training and given."""
+    """(y like x, mean [C], rstd [C] (fp32; fp64 for fp64 x)); updates running stats in place when training and given."""
     N, C, S, x3 = _ncs(x)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     y3 = y.reshape(N, C, S)
-    mean = torch.empty(C, dtype=torch.float32, device=x.device)
-    rstd = torch.empty(C, dtype=torch.float32, device=x.device)
+    mean = torch.empty(C, dtype=partial_dtype(x.dtype), device=x.device)
+    rstd = torch.empty(C, dtype=partial_dtype(x.dtype), device=x.device)
     update = training and running_mean is not None
     dummy = mean
     batch_norm_fwd_kernel[(C,)](
         x3, weight if weight is not None else dummy, bias if bias is not None else dummy, y3,
         running_mean if running_mean is not None else dummy, running_var if running_var is not None else dummy,
         num_batches_tracked if num_batches_tracked is not None and update else torch.zeros(1, dtype=torch.int64, device=x.device),
-        mean, rstd, N * S, S, *x3.stride(), *y3.stride(), float(eps), float(momentum),
-        TRAINING=training, UPDATE_RUNNING=update, HAS_W=weight is not None, HAS_B=bias is not None, BLOCK=BN_BLOCK,
+        mean, rstd, N * S, S, *x3.stride(), *y3.stride(), _float_bits(eps), _float_bits(momentum),
+        TRAINING=training, UPDATE_RUNNING=update, HAS_W=weight is not None, HAS_B=bias is not None,
+        ACC=compute_dtype(x.dtype), BLOCK=BN_BLOCK,
         num_warps=_fixed_warps(BN_BLOCK))
     return y, mean, rstd
 
 
 def batch_norm_bwd(gy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, *, training: bool, need_x: bool):
-    """(gx | None, dw [C], db [C]); dw/db in fp32 (cast by the caller)."""
+    """(gx | None, dw [C], db [C]); dw/db in fp32 (fp64 for fp64 x; cast by the caller)."""
     N, C, S, x3 = _ncs(x)
     g3 = gy.reshape(N, C, S)
     gx = torch.empty((N, C, S), dtype=x.dtype, device=x.device) if need_x else None
-    dw = torch.empty(C, dtype=torch.float32, device=x.device)
-    db = torch.empty(C, dtype=torch.float32, device=x.device)
+    dw = torch.empty(C, dtype=partial_dtype(x.dtype), device=x.device)
+    db = torch.empty(C, dtype=partial_dtype(x.dtype), device=x.device)
     batch_norm_bwd_kernel[(C,)](
         g3, x3, weight if weight is not None else mean, mean, rstd, gx if gx is not None else dw, dw, db,
         N * S, S, *g3.stride(), *x3.stride(), C * S, S,
-        TRAINING=training, HAS_W=weight is not None, NEED_X=need_x, BLOCK=BN_BLOCK)
+        TRAINING=training, HAS_W=weight is not None, NEED_X=need_x, ACC=compute_dtype(x.dtype), BLOCK=BN_BLOCK)
     return (gx.reshape(x.shape) if gx is not None else None), dw, db

@@ -9,8 +9,9 @@ tensor is viewed as ``[outer, N, inner]`` through its strides (dims before ``dim
 
 Rows of up to ``MAX_FUSED_N`` elements are held in registers: one read, one write. Longer rows
 take the online path: a first sweep keeps a running max and a running sum of exponentials per lane
-(rescaled whenever the max grows), a second sweep writes the output. Math is fp32 whatever the
-input dtype.
+(rescaled whenever the max grows), a second sweep writes the output. Math is fp32 for fp32/bf16/fp16
+inputs and fp64 for fp64 inputs (the constexpr ACC, so the fp32 kernels are unchanged); ``scale``
+reaches the kernels as its fp64 bits, exact in either.
 
 The all ``-inf`` row (a fully masked row) is defined, not NaN: softmax gives 0 everywhere and
 log_softmax gives -inf everywhere (log of that 0); its backward gives 0 (softmax) and ``gy``
@@ -22,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ge2.kernels.elementwise import _float_arg, _float_bits
 from ge2.runtime import autotune, cdiv
 
 MAX_FUSED_N = 32768  # longest row kept in registers (32 fp32 per thread at 32 warps)
@@ -63,17 +65,18 @@ def row_offsets(rows, inner, s_outer, s_inner):
 def softmax_fwd_kernel(
     x_ptr, mask_ptr, y_ptr, n_rows, N, inner,
     sx_o, sx_i, sx_n, sm_o, sm_i, sm_n, sy_o, sy_i, sy_n, scale,
-    HAS_MASK: tl.constexpr, LOG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_MASK: tl.constexpr, LOG: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """BLOCK_M whole rows per program, held in registers (N <= BLOCK_N)."""
+    scale = _float_arg(scale, ACC)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     ok = (rows < n_rows)[:, None] & (cols < N)[None, :]
     x = tl.load(x_ptr + row_offsets(rows, inner, sx_o, sx_i)[:, None] + cols[None, :] * sx_n, mask=ok, other=0.0)
-    z = x.to(tl.float32) * scale
+    z = x.to(ACC) * scale
     if HAS_MASK:
         m_off = row_offsets(rows, inner, sm_o, sm_i)[:, None] + cols[None, :] * sm_n
-        z += tl.load(mask_ptr + m_off, mask=ok, other=0.0).to(tl.float32)
+        z += tl.load(mask_ptr + m_off, mask=ok, other=0.0).to(ACC)
     z = tl.where(ok, z, float("-inf"))
     row_max = tl.max(z, 1)
     # An all -inf row: shift by 0 instead of -inf so exp gives 0s, not NaNs.
@@ -97,22 +100,23 @@ def softmax_fwd_kernel(
 def softmax_fwd_online_kernel(
     x_ptr, mask_ptr, y_ptr, n_rows, N, inner,
     sx_o, sx_i, sx_n, sm_o, sm_i, sm_n, sy_o, sy_i, sy_n, scale,
-    HAS_MASK: tl.constexpr, LOG: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_MASK: tl.constexpr, LOG: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """One long row per program: a running (max, sum) sweep, then a writing sweep."""
+    scale = _float_arg(scale, ACC)
     row = tl.program_id(0)
     x_base = row_offsets(row, inner, sx_o, sx_i)
     m_base = row_offsets(row, inner, sm_o, sm_i)
     y_base = row_offsets(row, inner, sy_o, sy_i)
     cols = tl.arange(0, BLOCK_N)
-    lane_max = tl.full([BLOCK_N], float("-inf"), tl.float32)
-    lane_sum = tl.zeros([BLOCK_N], tl.float32)
+    lane_max = tl.full([BLOCK_N], float("-inf"), ACC)
+    lane_sum = tl.zeros([BLOCK_N], ACC)
     for start in range(0, N, BLOCK_N):
         c = start + cols
         ok = c < N
-        z = tl.load(x_ptr + x_base + c * sx_n, mask=ok, other=0.0).to(tl.float32) * scale
+        z = tl.load(x_ptr + x_base + c * sx_n, mask=ok, other=0.0).to(ACC) * scale
         if HAS_MASK:
-            z += tl.load(mask_ptr + m_base + c * sm_n, mask=ok, other=0.0).to(tl.float32)
+            z += tl.load(mask_ptr + m_base + c * sm_n, mask=ok, other=0.0).to(ACC)
         z = tl.where(ok, z, float("-inf"))
         new_max = tl.maximum(lane_max, z)
         shift = tl.where(new_max == float("-inf"), 0.0, new_max)
@@ -128,9 +132,9 @@ def softmax_fwd_online_kernel(
     for start in range(0, N, BLOCK_N):
         c = start + cols
         ok = c < N
-        z = tl.load(x_ptr + x_base + c * sx_n, mask=ok, other=0.0).to(tl.float32) * scale
+        z = tl.load(x_ptr + x_base + c * sx_n, mask=ok, other=0.0).to(ACC) * scale
         if HAS_MASK:
-            z += tl.load(mask_ptr + m_base + c * sm_n, mask=ok, other=0.0).to(tl.float32)
+            z += tl.load(mask_ptr + m_base + c * sm_n, mask=ok, other=0.0).to(ACC)
         if LOG:
             y = (z - row_max) - log_sum
         else:
@@ -144,20 +148,21 @@ def softmax_fwd_online_kernel(
 def softmax_bwd_kernel(
     gy_ptr, y_ptr, gx_ptr, n_rows, N, inner,
     sg_o, sg_i, sg_n, sy_o, sy_i, sy_n, sx_o, sx_i, sx_n, scale,
-    LOG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    LOG: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """gx = scale * y * (gy - <gy, y>)  or, for log_softmax, scale * (gy - exp(y) * sum(gy))."""
+    scale = _float_arg(scale, ACC)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     ok = (rows < n_rows)[:, None] & (cols < N)[None, :]
     gy = tl.load(gy_ptr + row_offsets(rows, inner, sg_o, sg_i)[:, None] + cols[None, :] * sg_n,
-                 mask=ok, other=0.0).to(tl.float32)
+                 mask=ok, other=0.0).to(ACC)
     y_off = row_offsets(rows, inner, sy_o, sy_i)[:, None] + cols[None, :] * sy_n
     if LOG:
-        p = tl.exp(tl.load(y_ptr + y_off, mask=ok, other=float("-inf")).to(tl.float32))
+        p = tl.exp(tl.load(y_ptr + y_off, mask=ok, other=float("-inf")).to(ACC))
         gx = gy - p * tl.sum(gy, 1)[:, None]
     else:
-        y = tl.load(y_ptr + y_off, mask=ok, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + y_off, mask=ok, other=0.0).to(ACC)
         gx = y * (gy - tl.sum(gy * y, 1)[:, None])
     gx_off = row_offsets(rows, inner, sx_o, sx_i)[:, None] + cols[None, :] * sx_n
     tl.store(gx_ptr + gx_off, (gx * scale).to(gx_ptr.dtype.element_ty), mask=ok)
@@ -167,29 +172,30 @@ def softmax_bwd_kernel(
 def softmax_bwd_online_kernel(
     gy_ptr, y_ptr, gx_ptr, n_rows, N, inner,
     sg_o, sg_i, sg_n, sy_o, sy_i, sy_n, sx_o, sx_i, sx_n, scale,
-    LOG: tl.constexpr, BLOCK_N: tl.constexpr,
+    LOG: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """One long row per program: a sweep for the row's reduction, a sweep writing gx."""
+    scale = _float_arg(scale, ACC)
     row = tl.program_id(0)
     g_base = row_offsets(row, inner, sg_o, sg_i)
     y_base = row_offsets(row, inner, sy_o, sy_i)
     x_base = row_offsets(row, inner, sx_o, sx_i)
     cols = tl.arange(0, BLOCK_N)
-    acc = tl.zeros([BLOCK_N], tl.float32)
+    acc = tl.zeros([BLOCK_N], ACC)
     for start in range(0, N, BLOCK_N):
         c = start + cols
         ok = c < N
-        gy = tl.load(gy_ptr + g_base + c * sg_n, mask=ok, other=0.0).to(tl.float32)
+        gy = tl.load(gy_ptr + g_base + c * sg_n, mask=ok, other=0.0).to(ACC)
         if LOG:
             acc += gy
         else:
-            acc += gy * tl.load(y_ptr + y_base + c * sy_n, mask=ok, other=0.0).to(tl.float32)
+            acc += gy * tl.load(y_ptr + y_base + c * sy_n, mask=ok, other=0.0).to(ACC)
     total = tl.sum(acc, 0)
     for start in range(0, N, BLOCK_N):
         c = start + cols
         ok = c < N
-        gy = tl.load(gy_ptr + g_base + c * sg_n, mask=ok, other=0.0).to(tl.float32)
-        y = tl.load(y_ptr + y_base + c * sy_n, mask=ok, other=0.0).to(tl.float32)
+        gy = tl.load(gy_ptr + g_base + c * sg_n, mask=ok, other=0.0).to(ACC)
+        y = tl.load(y_ptr + y_base + c * sy_n, mask=ok, other=0.0).to(ACC)
         if LOG:
             gx = gy - tl.exp(y) * total
         else:
@@ -227,6 +233,11 @@ def row_view(t: torch.Tensor, dim: int) -> tuple[torch.Tensor, tuple[int, int, i
     return t, (outer[0], n, inner[0]), (outer[1], inner[1], s_n)
 
 
+def compute_dtype(dtype: torch.dtype) -> tl.dtype:
+    """The dtype the softmax and loss kernels compute in: fp64 for fp64 data (float64-accurate), else fp32."""
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
 def _blocks(n_rows: int, n: int, max_fused_n: int) -> tuple[int, int] | None:
     """(BLOCK_M, BLOCK_N) for the in-register kernel, or None when the row is too long for it."""
     if n > max_fused_n:
@@ -253,14 +264,15 @@ def softmax_fwd(x: torch.Tensor, dim: int, *, scale: float = 1.0, mask: torch.Te
     else:
         mask, (sm_o, sm_i, sm_n) = x, (0, 0, 0)
     n_rows = outer * inner
-    args = (x, mask, y, n_rows, n, inner, sx_o, sx_i, sx_n, sm_o, sm_i, sm_n, sy_o, sy_i, sy_n, float(scale))
+    args = (x, mask, y, n_rows, n, inner, sx_o, sx_i, sx_n, sm_o, sm_i, sm_n, sy_o, sy_i, sy_n, _float_bits(scale))
+    acc = compute_dtype(x.dtype)
     blocks = _blocks(n_rows, n, max_fused_n)
     if blocks is None:
-        softmax_fwd_online_kernel[(n_rows,)](*args, HAS_MASK=mask is not x, LOG=log,
+        softmax_fwd_online_kernel[(n_rows,)](*args, HAS_MASK=mask is not x, LOG=log, ACC=acc,
                                              BLOCK_N=min(ONLINE_BLOCK_N, max_fused_n), num_warps=8)
     else:
         block_m, block_n = blocks
-        softmax_fwd_kernel[(cdiv(n_rows, block_m),)](*args, HAS_MASK=mask is not x, LOG=log,
+        softmax_fwd_kernel[(cdiv(n_rows, block_m),)](*args, HAS_MASK=mask is not x, LOG=log, ACC=acc,
                                                             BLOCK_M=block_m, BLOCK_N=block_n)
     return y
 
@@ -275,11 +287,13 @@ def softmax_bwd(gy: torch.Tensor, y: torch.Tensor, dim: int, *, scale: float = 1
     y, _, (sy_o, sy_i, sy_n) = row_view(y, dim)
     _, _, (sx_o, sx_i, sx_n) = row_view(gx, dim)
     n_rows = outer * inner
-    args = (gy, y, gx, n_rows, n, inner, sg_o, sg_i, sg_n, sy_o, sy_i, sy_n, sx_o, sx_i, sx_n, float(scale))
+    args = (gy, y, gx, n_rows, n, inner, sg_o, sg_i, sg_n, sy_o, sy_i, sy_n, sx_o, sx_i, sx_n, _float_bits(scale))
+    acc = compute_dtype(y.dtype)
     blocks = _blocks(n_rows, n, max_fused_n)
     if blocks is None:
-        softmax_bwd_online_kernel[(n_rows,)](*args, LOG=log, BLOCK_N=min(ONLINE_BLOCK_N, max_fused_n), num_warps=8)
+        softmax_bwd_online_kernel[(n_rows,)](*args, LOG=log, ACC=acc, BLOCK_N=min(ONLINE_BLOCK_N, max_fused_n),
+                                             num_warps=8)
     else:
         block_m, block_n = blocks
-        softmax_bwd_kernel[(cdiv(n_rows, block_m),)](*args, LOG=log, BLOCK_M=block_m, BLOCK_N=block_n)
+        softmax_bwd_kernel[(cdiv(n_rows, block_m),)](*args, LOG=log, ACC=acc, BLOCK_M=block_m, BLOCK_N=block_n)
     return gx

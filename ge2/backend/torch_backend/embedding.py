@@ -19,8 +19,9 @@ def embedding(idx, weight, *, check=True):
 @register("embedding_backward", "torch", dtypes=FLOAT_DTYPES)
 def embedding_backward(gy, idx, *, num_embeddings, padding_idx=None, dtype):
     D = gy.shape[-1]
-    gw = torch.zeros((num_embeddings, D), dtype=torch.float32, device=gy.device)
-    gw.index_add_(0, idx.reshape(-1).long(), gy.reshape(-1, D).float())
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    gw = torch.zeros((num_embeddings, D), dtype=acc, device=gy.device)
+    gw.index_add_(0, idx.reshape(-1).long(), gy.reshape(-1, D).to(acc))
     if padding_idx is not None:
         gw[padding_idx] = 0
     return gw.to(dtype)
