@@ -407,17 +407,19 @@ def _interpreted(device: torch.device) -> bool:
     return device.type != "cuda"
 
 
-def persistent_plan(H: int, mode: int, dtype: torch.dtype, device: torch.device, backward: bool):
+def persistent_plan(H: int, mode: int, dtype: torch.dtype, device: torch.device, backward: bool,
+                    sms: int | None = None):
     """(grid, BLOCK_H, BLOCK_K, num_warps) of the persistent kernel, or None where it does not apply.
 
     The line: the W_hh tile of one program (forward [NGP BH, H], backward NG tiles [BH, H]) must fit
     ``TILE_REGS`` 32-bit registers, with BH the fewest units per program that keeps the grid within
     the SM count (and dot's 16-row minimum). Under the interpreter only a single program (grid 1)
-    qualifies: it has no one to wait for.
+    qualifies: it has no one to wait for. ``sms`` overrides the device's SM count (tests).
     """
     ng = GATES[mode]
     ngp = 4 if ng > 1 else 1
-    sms = 1 if _interpreted(device) else _sm_count(device)
+    if sms is None:
+        sms = 1 if _interpreted(device) else _sm_count(device)
     bk = max(16, _pow2(H))
     bh = max(16 if backward else 16 // ngp, _pow2(-(-H // sms)))
     grid = -(-H // bh)

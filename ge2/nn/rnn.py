@@ -293,11 +293,11 @@ class RNNCellBase(Module):
         B, H = x.shape[0], self.hidden_size
         lstm = self.mode == "LSTM"
         if hx is None:
-            z = Tensor(torch.zeros((B, H), dtype=x.dtype, device=x.device))
+            z = Tensor(torch.zeros((B, H) if batched else (H,), dtype=x.dtype, device=x.device))
             hx = (z, z) if lstm else z
-        states = hx if lstm else (hx,)
         if lstm and (not isinstance(hx, tuple) or len(hx) != 2):
             raise TypeError(f"{name}: hx must be a tuple (h, c)")
+        states = hx if lstm else (hx,)
         want = (B, H) if batched else (H,)
         for sname, s in zip(("h", "c"), states):
             if tuple(s.shape) != want:
