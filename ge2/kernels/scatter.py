@@ -106,8 +106,9 @@ def gather_kernel(src_ptr, idx_ptr, out_ptr, bad_ptr, R, B, Q, size_d, stride_d,
         i, valid = _wrap_check(i, size_d, WRAP)
         ok = m & valid
         off = po[:, None] + i * stride_d + qo[None, :]
-        if CHECK:
-            tl.atomic_add(bad_ptr, tl.sum(tl.sum(tl.where(m & ~valid, 1, 0), axis=1), axis=0))
+        if CHECK:  # an index shared by several p or q (stride 0) counts once
+            own = ((p == 0) | (sip != 0))[:, None] & ((cols == 0) | (siq != 0))[None, :]
+            tl.atomic_add(bad_ptr, tl.sum(tl.sum(tl.where(m & ~valid & own, 1, 0), axis=1), axis=0))
     v = tl.load(src_ptr + off, mask=ok, other=0)
     tl.store(out_ptr + rows[:, None] * Q + cols[None, :], v.to(out_ptr.dtype.element_ty), mask=m)
 
@@ -136,8 +137,9 @@ def scatter_kernel(dst_ptr, idx_ptr, val_ptr, bad_ptr, R, B, Q, size_d, stride_d
         i, valid = _wrap_check(i, size_d, WRAP)
         ok = m & valid
         off = po[:, None] + i * stride_d + qo[None, :]
-        if CHECK:
-            tl.atomic_add(bad_ptr, tl.sum(tl.sum(tl.where(m & ~valid, 1, 0), axis=1), axis=0))
+        if CHECK:  # an index shared by several p or q (stride 0) counts once
+            own = ((p == 0) | (sip != 0))[:, None] & ((cols == 0) | (siq != 0))[None, :]
+            tl.atomic_add(bad_ptr, tl.sum(tl.sum(tl.where(m & ~valid & own, 1, 0), axis=1), axis=0))
     v = tl.load(val_ptr + (p * svp + b * svb)[:, None] + cols[None, :] * svq, mask=ok, other=0)
     if ALPHA:
         v = v * alpha
