@@ -554,7 +554,7 @@ def permute(x: Tensor, *dims) -> Tensor:
 
 def transpose(x: Tensor, dim0: int, dim1: int) -> Tensor:
     if x.ndim == 0:  # torch: dims 0 and -1 of a 0-d tensor name the tensor itself
-        _norm_dim("transpose", dim0, 0), _norm_dim("transpose", dim1, 0)
+        normalize_dims("transpose", dim0, 0), normalize_dims("transpose", dim1, 0)
         return Permute.apply(x, ())
     d0, d1 = _norm_dim("transpose", dim0, x.ndim), _norm_dim("transpose", dim1, x.ndim)
     dims = list(range(x.ndim))
