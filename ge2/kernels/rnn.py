@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from ge2.kernels.activations import sigmoid, tanh
 from ge2.kernels.gemm import _precision, _sm_count, gemm
@@ -46,6 +47,7 @@ SAVED = {0: 1, 1: 1, 2: 4, 3: 4}  # saved slots per unit (gru keeps hn = W_hn h 
 # A persistent program holds its W_hh tile in registers; 32K 32-bit registers is half an SM's file,
 # 64 per thread at 16 warps. Bigger tiles would spill to local memory every step: stepwise instead.
 TILE_REGS = 32 * 1024
+_NO_FIT: set[tuple] = set()  # (pass, H, mode, dtype) whose persistent kernel failed to compile for lack of resources
 
 
 # ----------------------------------------------------------------------------------------------
@@ -453,7 +455,8 @@ def rnn_forward(gx: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor | None,
     H = w_hh.shape[1]
     dev, dt = gx.device, gx.dtype
     lstm = mode == 2
-    plan = None if path == "stepwise" else persistent_plan(H, mode, dt, dev, backward=False)
+    plan = None if path == "stepwise" or ("fwd", H, mode, dt) in _NO_FIT else \
+        persistent_plan(H, mode, dt, dev, backward=False)
     if path == "persistent" and plan is None:
         raise ValueError(f"rnn: the persistent kernel does not fit hidden_size {H} on this device")
     gx, w_hh = gx.contiguous(), w_hh.contiguous()
@@ -479,9 +482,16 @@ def rnn_forward(gx: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor | None,
     elif plan is not None:
         grid, bh, bk, warps = plan
         sync = torch.zeros(1, dtype=torch.int32, device=dev)
-        rnn_fwd_persistent_kernel[(grid,)](gx, w_hh, bias, hbuf, cbuf, lens, y, hn, cn if lstm else hn, hp, cp, sv,
-                                           sync, T, B, H, **flags, BLOCK_H=bh, BLOCK_B=_block_b(B, bk, dt),
-                                           BLOCK_K=bk, PRECISION=_precision(dt), num_warps=warps)
+        try:
+            rnn_fwd_persistent_kernel[(grid,)](gx, w_hh, bias, hbuf, cbuf, lens, y, hn, cn if lstm else hn, hp, cp,
+                                               sv, sync, T, B, H, **flags, BLOCK_H=bh, BLOCK_B=_block_b(B, bk, dt),
+                                               BLOCK_K=bk, PRECISION=_precision(dt), num_warps=warps)
+        except OutOfResources:  # the compiler could not fit the tile after all: take the stepwise path
+            _NO_FIT.add(("fwd", H, mode, dt))
+            if path == "persistent":
+                raise
+            return rnn_forward(gx, w_hh, b_hh, h0, c0, lengths, mode=mode, reverse=reverse, save=save,
+                               path="stepwise")
     else:
         bh, bb = 32, 32
         grid = (-(-H // bh), -(-B // bb))
@@ -505,7 +515,8 @@ def rnn_backward(dy: torch.Tensor, dhn: torch.Tensor, dcn: torch.Tensor | None, 
     dev, dt = dy.device, w_hh.dtype
     ng = GATES[mode]
     lstm, gru = mode == 2, mode == 3
-    plan = None if path == "stepwise" else persistent_plan(H, mode, dt, dev, backward=True)
+    plan = None if path == "stepwise" or ("bwd", H, mode, dt) in _NO_FIT else \
+        persistent_plan(H, mode, dt, dev, backward=True)
     if path == "persistent" and plan is None:
         raise ValueError(f"rnn: the persistent backward kernel does not fit hidden_size {H} on this device")
     dy, w_hh = dy.contiguous(), w_hh.contiguous()
@@ -529,10 +540,17 @@ def rnn_backward(dy: torch.Tensor, dhn: torch.Tensor, dcn: torch.Tensor | None, 
     elif plan is not None:
         grid, bh, bk, warps = plan
         sync = torch.zeros(1, dtype=torch.int32, device=dev)
-        rnn_bwd_persistent_kernel[(grid,)](w_hh, lens, dy, hp, cp_, sv, dhc, dcc, dgh, dgx, dgbuf, dh0,
-                                           dc0 if lstm else dh0, sync, T, B, H, **flags, BLOCK_H=bh,
-                                           BLOCK_B=_block_b(B, bk, dt, ng), BLOCK_K=bk,
-                                           PRECISION=_precision(dt), num_warps=warps)
+        try:
+            rnn_bwd_persistent_kernel[(grid,)](w_hh, lens, dy, hp, cp_, sv, dhc, dcc, dgh, dgx, dgbuf, dh0,
+                                               dc0 if lstm else dh0, sync, T, B, H, **flags, BLOCK_H=bh,
+                                               BLOCK_B=_block_b(B, bk, dt, ng), BLOCK_K=bk,
+                                               PRECISION=_precision(dt), num_warps=warps)
+        except OutOfResources:
+            _NO_FIT.add(("bwd", H, mode, dt))
+            if path == "persistent":
+                raise
+            return rnn_backward(dy, dhn, dcn, w_hh, lengths, hp, cp, sv, mode=mode, reverse=reverse,
+                                path="stepwise")
     else:
         bh, bb = 32, 32
         grid = (-(-H // bh), -(-B // bb))
