@@ -242,6 +242,12 @@ def test_gather_and_take_along_dim():
     out.sum().backward()
     ref.sum().backward()
     check_grad(a, at, "take_along_dim grad")
+    rows = torch.randint(0, 4, (7, 1), device=DEVICE).expand(7, 3)  # an embedding-like expanded index
+    table = randn(4, 3, seed=124)
+    assert torch.equal(T(table).gather(0, T(rows)).data, table.gather(0, rows))
+    src = randn(7, 3, seed=125)
+    assert_matches(ge2.scatter_add(T(table), 0, T(rows), T(src)).data,
+                   table.double().scatter_add(0, rows, src.double()), table.scatter_add(0, rows, src))
     flat = torch.randint(0, x.numel(), (5,), device=DEVICE)
     assert torch.equal(ge2.take_along_dim(T(x), T(flat)).data, torch.take_along_dim(x, flat))
 

@@ -277,18 +277,17 @@ def offsets_table(sizes, strides, device: torch.device) -> torch.Tensor:
 class Axis:
     """The P or Q part of a walk: dims ``sizes`` with ``strides`` -> (count, one stride or a table)."""
 
-    def __init__(self, sizes, strides, device: torch.device):
+    def __init__(self, sizes, strides, device: torch.device, table: bool = True):
         dims = [(s, st) for s, st in zip(sizes, strides) if s != 1]
         self.count = 1
         for s, _ in dims:
             self.count *= s
         self.table = None
         self.stride = dims[-1][1] if dims else 0
-        for (s0, st0), (s1, st1) in zip(dims, dims[1:]):
-            if st0 != st1 * s1:  # dims that do not merge: a table of offsets
-                self.stride = 0
-                self.table = offsets_table([s for s, _ in dims], [st for _, st in dims], device)
-                break
+        self.merged = all(st0 == st1 * s1 for (s0, st0), (s1, st1) in zip(dims, dims[1:]))
+        if not self.merged and table:  # dims that do not merge into one stride: a table of offsets
+            self.stride = 0
+            self.table = offsets_table([s for s, _ in dims], [st for _, st in dims], device)
 
 
 def _tiles(R: int, Q: int) -> tuple[int, int, int]:
@@ -373,13 +372,20 @@ def _dim_walk(t: torch.Tensor, shape, dim: int):
     return ((tuple(shape[:dim]), tuple(t.stride()[:dim])), (tuple(shape[dim + 1:]), tuple(t.stride()[dim + 1:])))
 
 
-def _index_strides(index: torch.Tensor, dim: int) -> tuple[torch.Tensor, tuple[int, int, int]]:
-    """index as a [P, B, Q] walk (contiguous copy when its dims do not merge): (tensor, strides)."""
-    idx = index.contiguous()
+def _walk_strides(t: torch.Tensor, dim: int) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """t (index or values) read as a [P, B, Q] walk around ``dim``: (t, its three strides), read in place
+    when its dims before and after ``dim`` merge (an expanded index [N, 1] -> [N, D] does: stride 0), else
+    from a contiguous copy."""
+    shape, strides = tuple(t.shape), t.stride()
+    pre, post = Axis(shape[:dim], strides[:dim], t.device, table=False), \
+        Axis(shape[dim + 1:], strides[dim + 1:], t.device, table=False)
+    if pre.merged and post.merged:
+        return t, (pre.stride, strides[dim], post.stride)
+    t = t.contiguous()
     q = 1
-    for s in idx.shape[dim + 1:]:
+    for s in shape[dim + 1:]:
         q *= s
-    return idx, (idx.shape[dim] * q, q, 1)
+    return t, (shape[dim] * q, q, 1)
 
 
 def gather(x: torch.Tensor, dim: int, index: torch.Tensor, check: bool | None = None) -> torch.Tensor:
@@ -387,7 +393,7 @@ def gather(x: torch.Tensor, dim: int, index: torch.Tensor, check: bool | None = 
     out = torch.empty(index.shape, dtype=x.dtype, device=x.device)
     if out.numel() == 0:
         return out
-    idx, strides = _index_strides(index, dim)
+    idx, strides = _walk_strides(index, dim)
     pre, post = _dim_walk(x, index.shape, dim)
     bad = new_counter(x.device)
     gather_walk(x, pre, post, x.shape[dim], x.stride(dim), idx, strides, index.shape[dim], out, bad, wrap=False)
@@ -405,10 +411,10 @@ def scatter(x: torch.Tensor, dim: int, index: torch.Tensor, src, reduce: str = "
     index_shape = tuple(index.shape)
     n = index.numel()
     if isinstance(src, torch.Tensor):
-        val = src[tuple(slice(0, s) for s in index_shape)].contiguous()
+        val, val_strides = _walk_strides(src[tuple(slice(0, s) for s in index_shape)], dim)
     else:
-        val = torch.full(index_shape, src, dtype=x.dtype, device=x.device)
-    idx, strides = _index_strides(index, dim)
+        val, val_strides = torch.full((1,), src, dtype=x.dtype, device=x.device), (0, 0, 0)
+    idx, strides = _walk_strides(index, dim)
     B = index_shape[dim] if index_shape else 1
     acc_dtype = x.dtype
     if reduce in ("add", "mean"):
@@ -433,9 +439,9 @@ def scatter(x: torch.Tensor, dim: int, index: torch.Tensor, src, reduce: str = "
         ones = torch.ones((1,), dtype=acc_dtype, device=x.device)
         scatter_walk(cnt, *_dim_walk(cnt, index_shape, dim), cnt.shape[dim], cnt.stride(dim), idx, strides, B,
                      ones, (0, 0, 0), None, wrap=False, mode="add")
-        scatter_walk(out, *walk, val, strides, bad, wrap=False, mode="add")
+        scatter_walk(out, *walk, val, val_strides, bad, wrap=False, mode="add")
         mean_finalize(out, cnt)
     else:
-        scatter_walk(out, *walk, val, strides, bad, wrap=False, mode=reduce, alpha=alpha)
+        scatter_walk(out, *walk, val, val_strides, bad, wrap=False, mode=reduce, alpha=alpha)
     report_bad_indices(op, bad, f"{op} indices must be in [0, {x.shape[dim]}) along dim {dim}", check)
     return out if acc_dtype == x.dtype else out.to(x.dtype)
