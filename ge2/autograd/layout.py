@@ -320,13 +320,20 @@ def repeat_interleave(x: Tensor, repeats, dim: int | None = None, *, output_size
     return TakeSegments.apply(x, ends, table, d)
 
 
+def _check_matrix(op: str, x: Tensor) -> None:
+    if x.ndim < 2:
+        raise ValueError(f"{op}: x must have at least 2 dims, got shape {shape_str(x.shape)}")
+
+
 def tril(x: Tensor, diagonal: int = 0) -> Tensor:
     """x with the elements above the diagonal-th diagonal of its last two dims zeroed."""
+    _check_matrix("tril", x)
     return Tri.apply(x, int(diagonal), False)
 
 
 def triu(x: Tensor, diagonal: int = 0) -> Tensor:
     """x with the elements below the diagonal-th diagonal of its last two dims zeroed."""
+    _check_matrix("triu", x)
     return Tri.apply(x, int(diagonal), True)
 
 
