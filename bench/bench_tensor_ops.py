@@ -142,6 +142,34 @@ def _adv_write(dtype):
     return build
 
 
+# ---------------------------------------------------------------------------------------------
+# pad and resample rows (helper D)
+# ---------------------------------------------------------------------------------------------
+def _pad_reflect(dtype):
+    """F.pad(x, (1, 1, 1, 1), "reflect") of 64x64x56x56 images (a U-Net's border)."""
+    def build(device, smoke) -> Fns:
+        N, C, H = _size(smoke, 64, 2), _size(smoke, 64, 3), _size(smoke, 56, 5)
+        x = _rand(N, C, H, H, dtype=dtype, device=device)
+        gx = ge2.from_torch(x)
+        pads = (1, 1, 1, 1)
+        return (lambda: ge2.nn.functional.pad(gx, pads, "reflect"),
+                lambda: torch.nn.functional.pad(x, pads, mode="reflect"),
+                N * C * (H * H + (H + 2) ** 2) * x.element_size())
+    return build
+
+
+def _upsample_bilinear(dtype):
+    """F.interpolate(x, scale_factor=2, mode="bilinear") of 64x64x56x56 images -> 112x112."""
+    def build(device, smoke) -> Fns:
+        N, C, H = _size(smoke, 64, 2), _size(smoke, 64, 3), _size(smoke, 56, 5)
+        x = _rand(N, C, H, H, dtype=dtype, device=device)
+        gx = ge2.from_torch(x)
+        return (lambda: ge2.nn.functional.interpolate(gx, scale_factor=2, mode="bilinear"),
+                lambda: torch.nn.functional.interpolate(x, scale_factor=2, mode="bilinear"),
+                N * C * (H * H + 4 * H * H) * x.element_size())
+    return build
+
+
 ROWS: list[Row] = [
     Row("gather (embedding-like)", "32768x1024 <- 16384 rows", torch.float32, _gather_embedding(torch.float32)),
     Row("gather (embedding-like)", "32768x1024 <- 16384 rows", torch.bfloat16, _gather_embedding(torch.bfloat16)),
@@ -153,7 +181,11 @@ ROWS: list[Row] = [
     Row("index_select", "32768x1024 <- 16384", torch.bfloat16, _index_select(torch.bfloat16)),
     Row("adv-index read x[:, idx]", "16x8192x256 <- 4096", torch.float32, _adv_read(torch.float32)),
     Row("adv-index write x[idx] = v", "32768x1024 <- 16384", torch.float32, _adv_write(torch.float32)),
-    # helper B: cumsum / sort / topk rows go here; helper D: pad / upsample rows go here.
+    # helper B: cumsum / sort / topk rows go here.
+    Row("pad (reflect)", "64x64x56x56 +1 each side", torch.float32, _pad_reflect(torch.float32)),
+    Row("pad (reflect)", "64x64x56x56 +1 each side", torch.bfloat16, _pad_reflect(torch.bfloat16)),
+    Row("upsample bilinear x2", "64x64x56x56 -> 112x112", torch.float32, _upsample_bilinear(torch.float32)),
+    Row("upsample bilinear x2", "64x64x56x56 -> 112x112", torch.bfloat16, _upsample_bilinear(torch.bfloat16)),
 ]
 
 
