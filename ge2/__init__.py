@@ -120,6 +120,7 @@ from ge2 import nn, optim  # noqa: F401,E402
 from ge2 import amp  # noqa: F401,E402
 from ge2.amp import autocast  # noqa: F401,E402
 from ge2 import data  # noqa: F401,E402
+from ge2 import distributed  # noqa: F401,E402
 from ge2.serialization import load, load_safetensors, save, save_safetensors  # noqa: F401,E402
 from ge2.graphs import CaptureError, CapturedStep, capture  # noqa: F401,E402
 from ge2.kernels import launch as _launch  # noqa: E402

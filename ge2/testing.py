@@ -33,6 +33,12 @@ MEMORY_OPS = frozenset({
 })
 
 
+# torch.distributed's collectives as the dispatcher names them (c10d::allreduce_, ...): data movement
+# between ranks done by NCCL/gloo. DistributedDataParallel's step issues allreduce_ (and broadcast_
+# of buffers); allowed with torch_op_guard(MEMORY_OPS | COLLECTIVE_OPS).
+COLLECTIVE_OPS = frozenset({"allreduce", "allreduce_coalesced", "broadcast", "allgather", "reduce_scatter", "barrier"})
+
+
 class _Recorder(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()

@@ -60,12 +60,17 @@ class DataLoader:
 
     ``shuffle``: a new permutation each epoch, from ``seed`` and the epoch number only, so two
     loaders with the same seed give the same batches (and a resumed run can ``set_epoch``).
+    ``sampler`` (e.g. ``DistributedSampler``): the order comes from it instead; the loader sets its
+    epoch (``sampler.set_epoch``) to the loader's before each iteration.
     """
 
     def __init__(self, dataset: Dataset, batch_size: int = 1, shuffle: bool = False, drop_last: bool = False,
-                 seed: int = 0, device=None):
+                 seed: int = 0, device=None, sampler=None):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"DataLoader: batch_size must be a positive int, got {batch_size!r}")
+        if sampler is not None and shuffle:
+            raise ValueError("DataLoader: sampler and shuffle=True are exclusive (the sampler shuffles)")
+        self.sampler = sampler
         self.dataset, self.batch_size, self.shuffle, self.drop_last = dataset, batch_size, shuffle, drop_last
         self.seed = seed
         self.device = runtime.resolve_device(device)
@@ -76,10 +81,14 @@ class DataLoader:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        n = len(self.dataset)
+        n = len(self.dataset) if self.sampler is None else len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def _order(self) -> torch.Tensor:
+        if self.sampler is not None:
+            if hasattr(self.sampler, "set_epoch"):
+                self.sampler.set_epoch(self.epoch)
+            return torch.tensor(list(iter(self.sampler)), dtype=torch.int64)
         n = len(self.dataset)
         if not self.shuffle:
             return torch.arange(n)

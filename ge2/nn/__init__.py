@@ -21,3 +21,4 @@ from ge2.nn import functional, init, utils  # noqa: F401
 from ge2.nn.rnn import utils_rnn as _utils_rnn  # noqa: E402
 
 utils.rnn = _utils_rnn  # ge2.nn.utils.rnn.pack_padded_sequence, as in torch
+from ge2.nn import parallel  # noqa: F401,E402  (DistributedDataParallel)
