@@ -7,8 +7,6 @@ The Tensor methods of this module are installed at its bottom.
 from __future__ import annotations
 
 import numbers
-from typing import Sequence
-
 import torch
 
 from ge2 import backend

@@ -13,7 +13,6 @@ float16/bfloat16/float32 (float64 is refused: its positions would be fp32's); un
 """
 from __future__ import annotations
 
-import math
 
 import torch
 

@@ -25,16 +25,16 @@ def _interp(x, *, size, scale_factors, mode, align_corners):
 
 register("pad", "torch", dtypes=ALL_DTYPES)(lambda x, *, pad, mode, value=0.0: F.pad(x, list(pad), mode=mode, value=value)
                                             if mode == "constant" else F.pad(x, list(pad), mode=mode))
-register("pad_backward", "torch")(lambda gy, *, pad, mode, in_shape: _vjp(lambda x: F.pad(x, list(pad), mode=mode),
+register("pad_backward", "torch", dtypes=FLOAT_DTYPES)(lambda gy, *, pad, mode, in_shape: _vjp(lambda x: F.pad(x, list(pad), mode=mode),
                                                                            in_shape, gy))
 register("interpolate", "torch", dtypes=INTERP_DTYPES)(_interp)
 register("interpolate_backward", "torch", dtypes=INTERP_DTYPES)(
     lambda gy, *, in_shape, size, scale_factors, mode, align_corners: _vjp(
         lambda x: _interp(x, size=size, scale_factors=scale_factors, mode=mode, align_corners=align_corners),
         in_shape, gy))
-register("unfold", "torch")(lambda x, *, kernel_size, dilation, padding, stride: F.unfold(
+register("unfold", "torch", dtypes=FLOAT_DTYPES)(lambda x, *, kernel_size, dilation, padding, stride: F.unfold(
     x, kernel_size, dilation=dilation, padding=padding, stride=stride))
-register("fold", "torch")(lambda x, *, output_size, kernel_size, dilation, padding, stride: F.fold(
+register("fold", "torch", dtypes=FLOAT_DTYPES)(lambda x, *, output_size, kernel_size, dilation, padding, stride: F.fold(
     x, output_size, kernel_size, dilation=dilation, padding=padding, stride=stride))
 register("pixel_shuffle", "torch", dtypes=ALL_DTYPES)(lambda x, *, r: F.pixel_shuffle(x, r))
 register("pixel_unshuffle", "torch", dtypes=ALL_DTYPES)(lambda x, *, r: F.pixel_unshuffle(x, r))
