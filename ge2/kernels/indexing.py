@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from ge2.kernels import scatter as S
+from ge2.kernels.scatter import count_bad
 from ge2.runtime import cdiv
 
 NONZERO_BLOCK = 1024
@@ -38,7 +39,7 @@ def index_offsets_kernel(idx_ptr, off_ptr, bad_ptr, n, size, stride, FIRST: tl.c
         valid = valid & (prev >= 0)
         o += prev
     tl.store(off_ptr + i, tl.where(valid, o, -1), mask=m)
-    tl.atomic_add(bad_ptr, tl.sum(tl.where(m & ~valid, 1, 0), axis=0))
+    count_bad(bad_ptr, tl.sum(tl.where(m & ~valid, 1, 0), axis=0))
 
 
 @triton.jit
@@ -82,7 +83,7 @@ def one_hot_kernel(idx_ptr, out_ptr, bad_ptr, n, C, BLOCK_I: tl.constexpr, BLOCK
     hit = (t[:, None] == cols[None, :]).to(tl.int64)
     tl.store(out_ptr + rows[:, None] * C + cols[None, :], hit, mask=live[:, None] & (cols < C)[None, :])
     if tl.program_id(1) == 0:
-        tl.atomic_add(bad_ptr, tl.sum(tl.where(live & ((t < 0) | (t >= C)), 1, 0), axis=0))
+        count_bad(bad_ptr, tl.sum(tl.where(live & ((t < 0) | (t >= C)), 1, 0), axis=0))
 
 
 # ---------------------------------------------------------------------------------------------

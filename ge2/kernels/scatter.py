@@ -59,6 +59,13 @@ def digits_kernel(src_ptr, out_ptr, n, div, size, mult, out_stride,
 
 
 @triton.jit
+def count_bad(bad_ptr, n):
+    """Add n out-of-range indices to the counter; no atomic when n is 0 (one address, every program)."""
+    if n > 0:
+        tl.atomic_add(bad_ptr, n)
+
+
+@triton.jit
 def _wrap_check(i, size, WRAP: tl.constexpr):
     """(index with one wrap of negatives if WRAP, whether it lies in [0, size))."""
     if WRAP:
@@ -100,7 +107,7 @@ def gather_kernel(src_ptr, idx_ptr, out_ptr, bad_ptr, R, B, Q, size_d, stride_d,
         off = (po + i * stride_d)[:, None] + qo[None, :]
         if CHECK:
             if tl.program_id(1) == 0:  # each index once (it is shared by the P rows: count at p == 0)
-                tl.atomic_add(bad_ptr, tl.sum(tl.where(live_r & ~valid & ((p == 0) | (sip != 0)), 1, 0), axis=0))
+                count_bad(bad_ptr, tl.sum(tl.where(live_r & ~valid & ((p == 0) | (sip != 0)), 1, 0), axis=0))
     else:
         i = tl.load(idx_ptr + (p * sip + b * sib)[:, None] + cols[None, :] * siq, mask=m, other=0).to(tl.int64)
         i, valid = _wrap_check(i, size_d, WRAP)
@@ -108,7 +115,7 @@ def gather_kernel(src_ptr, idx_ptr, out_ptr, bad_ptr, R, B, Q, size_d, stride_d,
         off = po[:, None] + i * stride_d + qo[None, :]
         if CHECK:  # an index shared by several p or q (stride 0) counts once
             own = ((p == 0) | (sip != 0))[:, None] & ((cols == 0) | (siq != 0))[None, :]
-            tl.atomic_add(bad_ptr, tl.sum(tl.sum(tl.where(m & ~valid & own, 1, 0), axis=1), axis=0))
+            count_bad(bad_ptr, tl.sum(tl.sum(tl.where(m & ~valid & own, 1, 0), axis=1), axis=0))
     v = tl.load(src_ptr + off, mask=ok, other=0)
     tl.store(out_ptr + rows[:, None] * Q + cols[None, :], v.to(out_ptr.dtype.element_ty), mask=m)
 
@@ -131,7 +138,7 @@ def scatter_kernel(dst_ptr, idx_ptr, val_ptr, bad_ptr, R, B, Q, size_d, stride_d
         off = (po + i * stride_d)[:, None] + qo[None, :]
         if CHECK:
             if tl.program_id(1) == 0:  # each index once (it is shared by the P rows: count at p == 0)
-                tl.atomic_add(bad_ptr, tl.sum(tl.where(live_r & ~valid & ((p == 0) | (sip != 0)), 1, 0), axis=0))
+                count_bad(bad_ptr, tl.sum(tl.where(live_r & ~valid & ((p == 0) | (sip != 0)), 1, 0), axis=0))
     else:
         i = tl.load(idx_ptr + (p * sip + b * sib)[:, None] + cols[None, :] * siq, mask=m, other=0).to(tl.int64)
         i, valid = _wrap_check(i, size_d, WRAP)
@@ -139,7 +146,7 @@ def scatter_kernel(dst_ptr, idx_ptr, val_ptr, bad_ptr, R, B, Q, size_d, stride_d
         off = po[:, None] + i * stride_d + qo[None, :]
         if CHECK:  # an index shared by several p or q (stride 0) counts once
             own = ((p == 0) | (sip != 0))[:, None] & ((cols == 0) | (siq != 0))[None, :]
-            tl.atomic_add(bad_ptr, tl.sum(tl.sum(tl.where(m & ~valid & own, 1, 0), axis=1), axis=0))
+            count_bad(bad_ptr, tl.sum(tl.sum(tl.where(m & ~valid & own, 1, 0), axis=1), axis=0))
     v = tl.load(val_ptr + (p * svp + b * svb)[:, None] + cols[None, :] * svq, mask=ok, other=0)
     if ALPHA:
         v = v * alpha
@@ -182,7 +189,7 @@ def scatter_serial_kernel(dst_ptr, idx_ptr, val_ptr, bad_ptr, B, Q, size_d, stri
         else:
             r = tl.where((d < v) | (d != d), d, v)
         tl.store(dst_ptr + off, r, mask=ok)
-    tl.atomic_add(bad_ptr, tl.sum(n_bad, axis=0))
+    count_bad(bad_ptr, tl.sum(n_bad, axis=0))
 
 
 @triton.jit
