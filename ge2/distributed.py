@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -108,3 +109,55 @@ def device() -> torch.device:
     if is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+# ---- helpers of ge2 train's data parallelism ----------------------------------------------------
+def wrap(model, **kwargs):
+    """``DistributedDataParallel(model, **kwargs)`` when the group has several ranks, else ``model``."""
+    if get_world_size() == 1:
+        return model
+    from ge2.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, **kwargs)
+
+
+def shard(batch):
+    """This rank's contiguous share of a global batch's rows (a view): every rank draws the same global
+    batch, so a run's data does not depend on the world size and a checkpoint resumes on any."""
+    world = get_world_size()
+    if world == 1:
+        return batch
+    n = batch.shape[0]
+    if n % world:
+        raise ValueError(f"ge2 train: the batch size {n} is not a multiple of the {world} ranks")
+    rank = get_rank()
+    return batch[rank * (n // world):(rank + 1) * (n // world)]
+
+
+# ---- ge2 train --nproc N ------------------------------------------------------------------------
+def launched_by_torchrun() -> bool:
+    """Whether this process is a rank started by torch's launcher (it sets WORLD_SIZE and RANK)."""
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ and "LOCAL_RANK" in os.environ
+
+
+def spawn(nproc: int, module_args: list[str]) -> int:
+    """``torchrun --standalone --nproc-per-node nproc -m <module_args>`` through torch's elastic launcher,
+    in this process; returns 0, or 1 after printing which rank failed and why (the launcher has already
+    stopped the other ranks)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    if nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {nproc}")
+    if torch.cuda.is_available() and nproc > torch.cuda.device_count():
+        raise ValueError(f"--nproc {nproc}: this machine has {torch.cuda.device_count()} GPU(s), one rank per GPU")
+    args = get_args_parser().parse_args(["--standalone", "--nproc-per-node", str(nproc), "--max-restarts", "0",
+                                         "--monitor-interval", "0.5", "-m", *module_args])
+    try:
+        run(args)
+    except ChildFailedError as e:
+        failures = "; ".join(f"rank {f.global_rank} exited with code {f.exitcode}" + (f" ({f.message})" if f.message else "")
+                             for f in e.failures.values())
+        print(f"ge2: a rank failed, the others were stopped: {failures}", file=sys.stderr)
+        return 1
+    return 0

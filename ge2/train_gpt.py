@@ -143,6 +143,8 @@ def _plot(log: dict[str, Any], path: str) -> str | None:
 
 def _save(path_dir: str, model: GPT, opt, sched, scaler, loader: RandomWindows, step: int, cfg: dict,
           log: dict) -> None:
+    if not ge2.distributed.is_main_process():  # ge2 train --nproc: rank 0 writes
+        return
     state = {
         "config": {"model": model.config, "train": cfg}, "step": step, "model": model.state_dict(),
         "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
@@ -156,6 +158,8 @@ def _save(path_dir: str, model: GPT, opt, sched, scaler, loader: RandomWindows, 
 
 
 def _write_log(out: str, log: dict) -> str | None:
+    if not ge2.distributed.is_main_process():  # ge2 train --nproc: rank 0 writes
+        return None
     with open(os.path.join(out, "log.json"), "w") as f:
         json.dump(log, f, indent=1)
     return _plot(log, os.path.join(out, "curves.png"))
@@ -213,9 +217,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         peak = peak_flops(device, cfg["amp"])
         flops_per_token = model.flops_per_token()
 
+        net = ge2.distributed.wrap(model)  # ge2 train --nproc: DistributedDataParallel over the ranks
+
         def train_step(x: Tensor, y: Tensor) -> Tensor:
             with _autocast(cfg, device):
-                _, loss = model(x, y)
+                _, loss = net(x, y)
             opt.zero_grad()
             if scaler is not None:
                 scaler.scale(loss).backward()
@@ -263,12 +269,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             while step < cfg["max_steps"]:
                 x, y = next(loader)
+                x, y = ge2.distributed.shard(x), ge2.distributed.shard(y)  # ge2 train --nproc: this rank's rows
                 lr = opt.param_groups[0]["lr"]
                 loss = step_fn(x, y)
                 sched.step()  # outside the step: a captured graph reads the lr from the device
                 pending.append((step + 1, lr, loss.detach().float().clone()))  # a replay reuses its output
                 step += 1
-                tokens += x.numel()
+                tokens += x.numel() * ge2.distributed.get_world_size()
                 evaluate_now = step % cfg["eval_interval"] == 0 or step == cfg["max_steps"]
                 if step % cfg["log_interval"] == 0 or evaluate_now:
                     values = [(s, r, float(v.item())) for s, r, v in pending]
