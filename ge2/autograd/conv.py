@@ -43,6 +43,13 @@ class Conv2d(Function):
         return dx, dw, (dbias if ctx.needs_input_grad[2] else None), None, None, None, None, None, None
 
 
+def _geometry_arg(value):
+    """torch takes a one-element tuple or list wherever it takes an int (``padding=(1,)``): the int."""
+    if isinstance(value, (tuple, list)) and len(value) == 1:
+        return value[0]
+    return value
+
+
 def _check_tensors(op: str, **tensors) -> None:
     for name, t in tensors.items():
         if t is not None and not isinstance(t, Tensor):
@@ -62,6 +69,7 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padd
         x, weight, bias = _amp.cast_low(x, weight, bias)
     if weight.ndim != 4:
         raise ValueError(f"conv2d: weight must be 4-D [K, C/groups, R, S], got shape {shape_str(weight.shape)}")
+    stride, padding, dilation = _geometry_arg(stride), _geometry_arg(padding), _geometry_arg(dilation)
     if x.ndim == 3:  # an unbatched [C, H, W] image, as torch allows
         y = conv2d(x.reshape(1, *x.shape), weight, bias, stride, padding, dilation, groups, activation, negative_slope)
         return y.reshape(*y.shape[1:])
@@ -117,28 +125,45 @@ class AdaptiveAvgPool2d(Function):
                     channels_last=ctx.channels_last), None
 
 
-def _pool_input(op: str, x) -> None:
+def _pool_input(op: str, x) -> Tensor:
+    """x as a batch [N, C, H, W]: an unbatched [C, H, W] image (as torch allows) becomes a batch of one (a view)."""
     _check_tensors(op, x=x)
+    if x.ndim == 3:
+        return x.reshape(1, *x.shape)
     if x.ndim != 4:
-        raise ValueError(f"{op}: x must be 4-D [N, C, H, W], got shape {shape_str(x.shape)}")
+        raise ValueError(f"{op}: x must be 4-D [N, C, H, W] or 3-D [C, H, W], got shape {shape_str(x.shape)}")
+    return x
+
+
+def _pool_output(x: Tensor, y: Tensor) -> Tensor:
+    """y [1, C, P, Q] back to [C, P, Q] when x was unbatched."""
+    return y.reshape(*y.shape[1:]) if x.ndim == 3 else y
+
+
+def _pool_stride(stride):
+    """torch reads an empty stride tuple as its default (the kernel size)."""
+    return None if isinstance(stride, (tuple, list)) and len(stride) == 0 else _geometry_arg(stride)
 
 
 def max_pool2d(x: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
                return_indices: bool = False):
-    """Window maxima of x [N, C, H, W] -> [N, C, P, Q] (and the int64 indices h*W + w if asked)."""
-    _pool_input("max_pool2d", x)
-    y, indices = MaxPool2d.apply(x, kernel_size, stride, padding, dilation, ceil_mode)
-    return (y, indices) if return_indices else y
+    """Window maxima of x [N, C, H, W] (or [C, H, W]) -> [N, C, P, Q] (and the int64 indices h*W + w if asked)."""
+    xb = _pool_input("max_pool2d", x)
+    y, indices = MaxPool2d.apply(xb, _geometry_arg(kernel_size), _pool_stride(stride), _geometry_arg(padding),
+                                 _geometry_arg(dilation), ceil_mode)
+    y = _pool_output(x, y)
+    return (y, _pool_output(x, indices)) if return_indices else y
 
 
 def avg_pool2d(x: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
                count_include_pad: bool = True, divisor_override: int | None = None) -> Tensor:
-    """Window means of x [N, C, H, W] -> [N, C, P, Q], with torch's divisor rules."""
-    _pool_input("avg_pool2d", x)
-    return AvgPool2d.apply(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    """Window means of x [N, C, H, W] (or [C, H, W]) -> [N, C, P, Q], with torch's divisor rules."""
+    xb = _pool_input("avg_pool2d", x)
+    return _pool_output(x, AvgPool2d.apply(xb, _geometry_arg(kernel_size), _pool_stride(stride),
+                                           _geometry_arg(padding), ceil_mode, count_include_pad, divisor_override))
 
 
 def adaptive_avg_pool2d(x: Tensor, output_size) -> Tensor:
-    """Means of x [N, C, H, W] over output_size (int or (P, Q)) adaptive windows -> [N, C, P, Q]."""
-    _pool_input("adaptive_avg_pool2d", x)
-    return AdaptiveAvgPool2d.apply(x, output_size)
+    """Means of x [N, C, H, W] (or [C, H, W]) over output_size (int or (P, Q)) adaptive windows -> [N, C, P, Q]."""
+    xb = _pool_input("adaptive_avg_pool2d", x)
+    return _pool_output(x, AdaptiveAvgPool2d.apply(xb, output_size))

@@ -54,17 +54,30 @@ class Softmax(Function):
         return gx, gmask, None, None, None
 
 
-def softmax(x: Tensor, dim: int = -1, *, scale: float = 1.0, mask: Tensor | None = None) -> Tensor:
-    """softmax(scale * x + mask) along ``dim``; mask additive, broadcastable to x. All -inf rows give 0."""
+def _softmax_input(op: str, x: Tensor, mask: Tensor | None, dtype: torch.dtype | None):
+    """(x, mask) as the kernels take them: cast to ``dtype`` first when given (torch's ``dtype=``), else fp32
+    under autocast."""
+    if dtype is not None:
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"{op}: dtype must be a floating torch.dtype, got {dtype!r}")
+        return x.to(dtype), mask
     if _amp_state.on:
-        x, mask = _amp.cast_fp32(x, mask)
+        return _amp.cast_fp32(x, mask)
+    return x, mask
+
+
+def softmax(x: Tensor, dim: int = -1, *, scale: float = 1.0, mask: Tensor | None = None,
+            dtype: torch.dtype | None = None) -> Tensor:
+    """softmax(scale * x + mask) along ``dim``; mask additive, broadcastable to x. All -inf rows give 0.
+    ``dtype``: x is cast to it first (torch's argument), and the result has it."""
+    x, mask = _softmax_input("softmax", x, mask, dtype)
     return Softmax.apply(x, mask, dim, scale, False)
 
 
-def log_softmax(x: Tensor, dim: int = -1, *, scale: float = 1.0, mask: Tensor | None = None) -> Tensor:
-    """log_softmax(scale * x + mask) along ``dim``. All -inf rows give -inf."""
-    if _amp_state.on:
-        x, mask = _amp.cast_fp32(x, mask)
+def log_softmax(x: Tensor, dim: int = -1, *, scale: float = 1.0, mask: Tensor | None = None,
+                dtype: torch.dtype | None = None) -> Tensor:
+    """log_softmax(scale * x + mask) along ``dim``. All -inf rows give -inf. ``dtype`` as softmax's."""
+    x, mask = _softmax_input("log_softmax", x, mask, dtype)
     return Softmax.apply(x, mask, dim, scale, True)
 
 
@@ -113,18 +126,57 @@ def _is_view_of_a_leaf(t: Tensor) -> bool:
     return False
 
 
+def _soft_cross_entropy(logits: Tensor, target: Tensor, weight: Tensor | None, reduction: str,
+                        label_smoothing: float) -> Tensor:
+    """Cross-entropy against class probabilities (target of the logits' shape), as torch defines it:
+    loss_row = -sum_c w[c] * t'[c] * log_softmax(x)[c], t' = (1 - eps) t + eps / C; 'mean' divides by
+    the number of rows (not by the weights). Composed of ge2 ops, so autograd gives the gradient."""
+    op = "cross_entropy"
+    if target.dtype != logits.dtype:
+        raise TypeError(f"{op}: class-probability target has dtype {target.dtype} but logits have {logits.dtype} "
+                        "(they must match)")
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(f"{op}: reduction must be one of ('none', 'mean', 'sum'), got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {label_smoothing!r}")
+    class_dim = 0 if logits.ndim == 1 else 1
+    C = logits.shape[class_dim]
+    if weight is not None and (weight.ndim != 1 or weight.shape[0] != C):
+        raise ValueError(f"{op}: weight must be [{C}] (one per class), got {list(weight.shape)}")
+    if label_smoothing > 0:
+        target = target * (1.0 - label_smoothing) + label_smoothing / C
+    prod = log_softmax(logits, class_dim) * target
+    if weight is not None:
+        prod = prod * weight.reshape(C, *([1] * (logits.ndim - class_dim - 1)))
+    rows = -prod.sum(class_dim)
+    if reduction == "none":
+        return rows
+    return rows.sum() if reduction == "sum" else rows.mean()
+
+
 def cross_entropy(logits: Tensor, target: Tensor, weight: Tensor | None = None, *, ignore_index: int = -100,
                   reduction: str = "mean", label_smoothing: float = 0.0, inplace_backward: bool = False,
                   check_targets: bool | None = None) -> Tensor:
-    """Cross-entropy of logits [N, C, d...] (or [C]) and class targets [N, d...] (torch semantics).
+    """Cross-entropy of logits [N, C, d...] (or [C]) and class targets [N, d...] (torch semantics), or class
+    probabilities of the logits' shape (a float target; ``ignore_index`` does not apply to them).
 
     ``inplace_backward=True``: dlogits overwrite the logits buffer (see the module's in-place rule).
     ``check_targets``: out-of-range targets raise ValueError. None (default): on the GPU without a host
     sync, by this or a later class-target call once a pinned copy of the count lands (on the CPU at
     once); True: at this call (a 4-byte host read); False: never (bad rows give NaN).
     """
+    soft = isinstance(target, Tensor) and target.dtype.is_floating_point
     if _amp_state.on:
         logits, weight = _amp.cast_fp32(logits, weight)
+        if soft:
+            (target,) = _amp.cast_fp32(target)
+    if soft:
+        if isinstance(logits, Tensor) and tuple(target.shape) != tuple(logits.shape):
+            raise ValueError(f"cross_entropy: a float (class-probability) target must have the logits' shape "
+                             f"{list(logits.shape)}, got {list(target.shape)}")
+        if inplace_backward:
+            raise ValueError("cross_entropy: inplace_backward=True needs class-index targets, not probabilities")
+        return _soft_cross_entropy(logits, target, weight, reduction, label_smoothing)
     if inplace_backward and logits.requires_grad and logits.is_leaf:
         raise ValueError("cross_entropy: inplace_backward=True needs logits produced by an earlier op (a "
                          "non-leaf); these logits are a leaf tensor, whose buffer belongs to the caller")
@@ -277,3 +329,7 @@ def linear_cross_entropy(input: Tensor, linear_weight: Tensor, target: Tensor, *
                  out_dtype=out_dtype)
     loss = LinearCrossEntropy.apply(input, linear_weight, linear_bias, target, weight, attrs)
     return loss.reshape(()) if one_row and reduction == "none" else loss
+
+
+Tensor.softmax = lambda self, dim, dtype=None: softmax(self, dim, dtype=dtype)
+Tensor.log_softmax = lambda self, dim, dtype=None: log_softmax(self, dim, dtype=dtype)
