@@ -1,0 +1,455 @@
+"""Sort kernels: sort/argsort, topk, kthvalue, median, unique, multinomial draws, and the scatter
+of a gradient back to the sorted-out positions.
+
+sort(x, *, dim=-1, descending=False) -> (values, int64 indices)     # stable
+topk(x, k, *, dim=-1, largest=True) -> (values, indices)            # sorted; ties: lowest index first
+kthvalue(x, k, *, dim=-1, keepdim=False) -> (values, indices)       # k-th smallest (1-based)
+median(x, *, dim, keepdim=False) -> (values, indices)               # lower median; NaN if the row has one
+unique(x, *, return_inverse, return_counts) -> (values, inverse | None, counts | None)   # one host sync
+place(g, index, n) -> out [M, n]                                    # out[m, index[m, j]] = g[m, j], else 0
+multinomial(p, num_samples, replacement, state) -> int64 [M, num_samples]
+
+**Order keys.** Every element becomes an int64 whose signed order is the sort order: a float's bits
+with the magnitude bits of negatives flipped (-0 is made +0 first, every NaN the largest key, so
+NaN sorts last as in torch), an integer its value; descending flips all the bits. Ties are broken by
+the element's index, so (key, index) pairs are unique and the sort is stable in both directions
+(torch's stable=True order; equal values keep their input order).
+
+**Rows of any length.** A row is cut into tiles. Pass 1 sorts each tile in registers: for keys of
+32 bits (fp32/fp16/bf16 and the small integers) the pair packs into one int64 (key << 32 | index)
+and ``tl.sort`` sorts TILE of them; 64-bit keys (fp64, int64) are ranked by counting, in tiles of
+RANK_TILE (each element's rank is how many pairs of its tile are smaller). Then sorted runs are
+merged pairwise, log2(N / TILE) passes: every element finds its place in the merged run as its
+index in its own run plus the number of smaller pairs in the partner run (a binary search), so a
+pass is one fully parallel launch with no shared state, and rows of 32k or 128k elements work the
+same as rows of 10. topk (and kthvalue, median) cap every run at k: a tile keeps only its k best
+and a merge writes only the first k of each merged pair, so topk(k=50) of a 128k row merges
+64 runs of 50 instead of sorting 128k elements across passes.
+
+**multinomial.** With replacement: one scan of each row's weights gives the CDF (fp32, fp64 for
+fp64), each draw u = rand(seed, offset + row * S + s) (ge2's device-side Philox state, as dropout)
+binary-searches the first index whose CDF exceeds u * total. Without replacement: the exponential
+race; each category gets the key -log(1 - u_i) / p_i (infinite where p_i = 0) and the S smallest
+keys, in increasing order, are a draw of S categories one after another without replacement
+(the Gumbel-top-k construction), found by the capped sort.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ge2.kernels import scan as scan_kernels
+from ge2.runtime import cdiv
+
+TILE = 1024       # pass-1 tile of packed 32-bit keys (tl.sort on a power of two)
+RANK_TILE = 64    # pass-1 tile of 64-bit keys, ranked by a [RANK_TILE, RANK_TILE] comparison
+BLOCK = 1024      # elements per program of the merge, gather and scatter passes
+_INT64_MAX = tl.constexpr(2**63 - 1)
+_WIDE_KEYS = (torch.float64, torch.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def order_key(x, DESCENDING: tl.constexpr):
+    """x -> int64 key whose signed order is x's sort order (NaN largest, -0 == +0); flipped when DESCENDING."""
+    if x.dtype == tl.float64:
+        f = tl.where(x == 0, 0.0, x)
+        bits = f.to(tl.int64, bitcast=True)
+        key = bits ^ ((bits >> 63) & 0x7FFFFFFFFFFFFFFF)
+        key = tl.where(x != x, _INT64_MAX, key)
+    elif x.dtype.is_floating():
+        f = x.to(tl.float32)
+        f = tl.where(f == 0, 0.0, f)
+        bits = f.to(tl.int32, bitcast=True)
+        key = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64)
+        key = tl.where(f != f, 0x7FFFFFFF, key)
+    else:
+        key = x.to(tl.int64)
+    if DESCENDING:
+        key = ~key
+    return key
+
+
+# ---------------------------------------------------------------------------------------------
+# Pass 1: sorted tiles (capped at CAP elements each)
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _tile_sort_kernel(x_ptr, key_ptr, index_ptr, N, L, stride_xm, stride_xn,
+                      DESCENDING: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr):
+    """Sort tile t of row m (32-bit keys packed with their index) -> its first CAP pairs at [m, t * CAP]."""
+    row = tl.program_id(1).to(tl.int64)
+    tile = tl.program_id(0)
+    cols = tile * TILE + tl.arange(0, TILE)
+    live = cols < N
+    x = tl.load(x_ptr + row * stride_xm + cols.to(tl.int64) * stride_xn, mask=live, other=0)
+    packed = (order_key(x, DESCENDING) << 32) | cols.to(tl.int64)
+    packed = tl.where(live, packed, _INT64_MAX)  # padding sorts after every real pair
+    packed = tl.sort(packed, 0)
+    slots = tl.arange(0, TILE)
+    keep = (slots < CAP) & (tile * TILE + slots < N)
+    out = row * L + tile * CAP + slots
+    tl.store(key_ptr + out, packed >> 32, mask=keep)
+    tl.store(index_ptr + out, (packed - ((packed >> 32) << 32)).to(tl.int32), mask=keep)
+
+
+@triton.jit
+def _tile_rank_kernel(x_ptr, key_ptr, index_ptr, N, L, stride_xm, stride_xn,
+                      DESCENDING: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr):
+    """Sort tile t of row m (64-bit keys) by ranking: rank = number of smaller (key, index) pairs."""
+    row = tl.program_id(1).to(tl.int64)
+    tile = tl.program_id(0)
+    cols = tile * TILE + tl.arange(0, TILE)
+    live = cols < N
+    x = tl.load(x_ptr + row * stride_xm + cols.to(tl.int64) * stride_xn, mask=live, other=0)
+    key = order_key(x, DESCENDING)
+    other_key = key[None, :]
+    other_col = cols[None, :]
+    smaller = ((other_key < key[:, None]) | ((other_key == key[:, None]) & (other_col < cols[:, None])))
+    rank = tl.sum((smaller & live[None, :]).to(tl.int32), axis=1)
+    keep = live & (rank < CAP)
+    out = row * L + tile * CAP + rank
+    tl.store(key_ptr + out, key, mask=keep)
+    tl.store(index_ptr + out, cols.to(tl.int32), mask=keep)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pass 2..: pairwise merges of sorted runs
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _merge_kernel(key_in, index_in, key_out, index_out, L_in, L_out, run_in, run_out, steps, BLOCK: tl.constexpr):
+    """Merge runs 2r and 2r+1 (run_in long, the last may be shorter) of each row into run r (first run_out)."""
+    row = tl.program_id(1).to(tl.int64)
+    p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = p < L_in
+    base_in = row * L_in
+    key = tl.load(key_in + base_in + p, mask=live, other=0)
+    index = tl.load(index_in + base_in + p, mask=live, other=0)
+    run = p // run_in
+    partner = tl.minimum((run ^ 1) * run_in, L_in)
+    lo = partner
+    hi = tl.minimum(partner + run_in, L_in)
+    for _ in range(steps):  # lower bound of (key, index) in the partner run
+        active = lo < hi
+        mid = (lo + hi) // 2
+        mid_key = tl.load(key_in + base_in + mid, mask=live & active, other=0)
+        mid_index = tl.load(index_in + base_in + mid, mask=live & active, other=0)
+        smaller = (mid_key < key) | ((mid_key == key) & (mid_index < index))
+        lo = tl.where(active & smaller, mid + 1, lo)
+        hi = tl.where(active & ~smaller, mid, hi)
+    slot = p - run * run_in + (lo - partner)
+    keep = live & (slot < run_out)
+    out = row * L_out + (run // 2) * run_out + slot
+    tl.store(key_out + out, key, mask=keep)
+    tl.store(index_out + out, index, mask=keep)
+
+
+def _run_lengths(n: int, run: int, cap: int) -> int:
+    """Stored row length after capping each run of `run` elements (the last may be shorter) at cap."""
+    runs = cdiv(n, run)
+    return (runs - 1) * min(run, cap) + min(n - (runs - 1) * run, cap)
+
+
+def sorted_rows(x2: torch.Tensor, descending: bool, cap: int | None = None) -> torch.Tensor:
+    """x2 [M, N] (any strides) -> int32 indices [M, min(N, cap)] of each row's first elements in sort order."""
+    M, N = x2.shape
+    cap = N if cap is None else min(cap, N)
+    wide = x2.dtype in _WIDE_KEYS
+    tile = min(RANK_TILE if wide else TILE, triton.next_power_of_2(N))
+    kept = min(tile, cap)
+    L = _run_lengths(N, tile, kept)
+    keys = torch.empty((M, L), dtype=torch.int64, device=x2.device)
+    index = torch.empty((M, L), dtype=torch.int32, device=x2.device)
+    kernel = _tile_rank_kernel if wide else _tile_sort_kernel
+    kernel[(cdiv(N, tile), M)](x2, keys, index, N, L, x2.stride(0), x2.stride(1),
+                               DESCENDING=bool(descending), TILE=tile, CAP=kept, num_warps=8 if tile >= 512 else 4)
+    run = kept
+    while L > run:
+        run_out = min(2 * run, cap)
+        L_out = _run_lengths(L, 2 * run, run_out)
+        keys2 = torch.empty((M, L_out), dtype=torch.int64, device=x2.device)
+        index2 = torch.empty((M, L_out), dtype=torch.int32, device=x2.device)
+        _merge_kernel[(cdiv(L, BLOCK), M)](keys, index, keys2, index2, L, L_out, run, run_out, run.bit_length(),
+                                           BLOCK=BLOCK, num_warps=4)
+        keys, index, L, run = keys2, index2, L_out, run_out
+    return index
+
+
+# ---------------------------------------------------------------------------------------------
+# Gathering the result, scattering a gradient
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _gather_kernel(x_ptr, order_ptr, pos_ptr, values_ptr, indices_ptr, K, L, stride_xm, stride_xn,
+                   PER_ROW: tl.constexpr, BLOCK: tl.constexpr):
+    """values[m, j] = x[m, order[m, j]], indices[m, j] = order[m, j] (j < K); PER_ROW: j = pos[m] only."""
+    row = tl.program_id(1).to(tl.int64)
+    j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = j < K
+    if PER_ROW:
+        j = tl.load(pos_ptr + row + j * 0, mask=live, other=0)
+    index = tl.load(order_ptr + row * L + j, mask=live, other=0).to(tl.int64)
+    x = tl.load(x_ptr + row * stride_xm + index * stride_xn, mask=live)
+    out = row * K + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(values_ptr + out, x, mask=live)
+    tl.store(indices_ptr + out, index, mask=live)
+
+
+def _gather(x2: torch.Tensor, order: torch.Tensor, k: int, pos: torch.Tensor | None = None):
+    """(values [M, k], int64 indices [M, k]): the first k of order, or the one at pos[m] (k = 1)."""
+    M = x2.shape[0]
+    values = torch.empty((M, k), dtype=x2.dtype, device=x2.device)
+    indices = torch.empty((M, k), dtype=torch.int64, device=x2.device)
+    if M and k:
+        _gather_kernel[(cdiv(k, BLOCK), M)](x2, order, pos if pos is not None else order, values, indices, k,
+                                            order.shape[1], x2.stride(0), x2.stride(1),
+                                            PER_ROW=pos is not None, BLOCK=min(BLOCK, triton.next_power_of_2(k)))
+    return values, indices
+
+
+@triton.jit
+def _place_kernel(g_ptr, index_ptr, out_ptr, K, N, BLOCK: tl.constexpr):
+    """out[m, index[m, j]] = g[m, j]: indices of a row are distinct (a sort's), so plain stores suffice."""
+    row = tl.program_id(1).to(tl.int64)
+    j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = j < K
+    g = tl.load(g_ptr + row * K + j, mask=live)
+    index = tl.load(index_ptr + row * K + j, mask=live, other=0)
+    tl.store(out_ptr + row * N + index, g, mask=live)
+
+
+def place(g: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
+    """g [M, K], index int64 [M, K] (distinct per row, in [0, n)) -> out [M, n]: g at index, zeros elsewhere."""
+    M, K = g.shape
+    out = torch.zeros((M, n), dtype=g.dtype, device=g.device)
+    if M and K:
+        _place_kernel[(cdiv(K, BLOCK), M)](g.contiguous(), index.contiguous(), out, K, n,
+                                           BLOCK=min(BLOCK, triton.next_power_of_2(K)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The ops along a dim (rows = the dim moved last)
+# ---------------------------------------------------------------------------------------------
+def _rows(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """x with dim moved last, viewed (or copied) as [M, N]; and the moved shape without its last dim."""
+    if x.dim() == 0:
+        return x.reshape(1, 1), ()
+    moved = x.movedim(dim, -1)
+    return moved.reshape(-1, moved.shape[-1]), tuple(moved.shape[:-1])
+
+
+def _unrows(t: torch.Tensor, lead: tuple[int, ...], dim: int, ndim: int) -> torch.Tensor:
+    if ndim == 0:
+        return t.reshape(())
+    return t.reshape(*lead, t.shape[-1]).movedim(-1, dim)
+
+
+def _select(x: torch.Tensor, dim: int, k: int, descending: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    x2, lead = _rows(x, dim)
+    if x2.numel() and k:
+        order = sorted_rows(x2, descending, cap=k)
+    else:
+        order = torch.empty((x2.shape[0], 0), dtype=torch.int32, device=x.device)
+    values, indices = _gather(x2, order, k)
+    return _unrows(values, lead, dim, x.dim()), _unrows(indices, lead, dim, x.dim())
+
+
+def sort(x: torch.Tensor, *, dim: int = -1, descending: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stable sort along dim -> (values like x, int64 indices); NaN sorts as the largest value."""
+    n = x.shape[dim] if x.dim() else 1
+    return _select(x, dim, n, descending)
+
+
+def topk(x: torch.Tensor, k: int, *, dim: int = -1, largest: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest (smallest) along dim, in order -> (values, int64 indices) with dim of size k."""
+    return _select(x, dim, k, largest)
+
+
+def _pick(x: torch.Tensor, dim: int, keepdim: bool, k: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k-th smallest (1-based) along dim, or the lower median with NaN propagated (k None)."""
+    x2, lead = _rows(x, dim)
+    M, N = x2.shape
+    if k is None:
+        # A row with NaNs has its median at its first NaN (they sort last); else at (N - 1) // 2.
+        order = sorted_rows(x2, False)
+        nan_count = _count_nan_rows(x2)
+        pos = _median_positions(nan_count, N)
+        values, indices = _gather(x2, order, 1, pos)
+    else:
+        order = sorted_rows(x2, False, cap=k)
+        pos = torch.full((M,), k - 1, dtype=torch.int64, device=x.device)
+        values, indices = _gather(x2, order, 1, pos)
+    values, indices = _unrows(values, lead, dim, x.dim()), _unrows(indices, lead, dim, x.dim())
+    if not keepdim and x.dim():
+        values, indices = values.squeeze(dim), indices.squeeze(dim)
+    return values, indices
+
+
+@triton.jit
+def _median_position_kernel(nan_ptr, pos_ptr, M, N, BLOCK: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = rows < M
+    nans = tl.load(nan_ptr + rows, mask=live, other=0)
+    tl.store(pos_ptr + rows, tl.where(nans > 0, N - nans, (N - 1) // 2), mask=live)
+
+
+def _count_nan_rows(x2: torch.Tensor) -> torch.Tensor:
+    from ge2.kernels import reduction  # the reductions' NaN count over each row
+
+    if not x2.dtype.is_floating_point:
+        return torch.zeros(x2.shape[0], dtype=torch.int64, device=x2.device)
+    return reduction.count_nan(x2, dims=1)
+
+
+def _median_positions(nan_count: torch.Tensor, N: int) -> torch.Tensor:
+    M = nan_count.shape[0]
+    pos = torch.empty(M, dtype=torch.int64, device=nan_count.device)
+    if M:
+        _median_position_kernel[(cdiv(M, BLOCK),)](nan_count, pos, M, N, BLOCK=BLOCK)
+    return pos
+
+
+def kthvalue(x: torch.Tensor, k: int, *, dim: int = -1, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k-th smallest element along dim (1-based) -> (values, int64 indices)."""
+    return _pick(x, dim, keepdim, k)
+
+
+def median(x: torch.Tensor, *, dim: int | None = None, keepdim: bool = False):
+    """Lower median along dim -> (values, int64 indices); dim None: of all elements -> values only (0-d)."""
+    if dim is None:
+        return _pick(x.reshape(-1), 0, False, None)[0]
+    return _pick(x, dim, keepdim, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# unique
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _run_starts_kernel(v_ptr, flag_ptr, N, BLOCK: tl.constexpr):
+    """flag[i] = 1 where sorted v[i] starts a new value (i = 0, or v[i] != v[i - 1]; NaNs never equal)."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = i < N
+    v = tl.load(v_ptr + i, mask=live)
+    prev = tl.load(v_ptr + i - 1, mask=live & (i > 0))
+    tl.store(flag_ptr + i, ((i == 0) | (v != prev)).to(tl.int64), mask=live)
+
+
+@triton.jit
+def _unique_kernel(v_ptr, order_ptr, group_ptr, flag_ptr, values_ptr, inverse_ptr, start_ptr, N, BLOCK: tl.constexpr):
+    """values[group[i]] = v[i] and start[group[i]] = i where a value starts; inverse[order[i]] = group[i]."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = i < N
+    group = tl.load(group_ptr + i, mask=live, other=0) - 1
+    first = live & (tl.load(flag_ptr + i, mask=live, other=0) != 0)
+    tl.store(values_ptr + group, tl.load(v_ptr + i, mask=live), mask=first)
+    tl.store(start_ptr + group, i, mask=first)
+    tl.store(inverse_ptr + tl.load(order_ptr + i, mask=live, other=0), group, mask=live)
+
+
+@triton.jit
+def _counts_kernel(start_ptr, counts_ptr, U, BLOCK: tl.constexpr):
+    g = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = g < U
+    tl.store(counts_ptr + g, tl.load(start_ptr + g + 1, mask=live) - tl.load(start_ptr + g, mask=live), mask=live)
+
+
+def unique(x: torch.Tensor, *, return_inverse: bool = False, return_counts: bool = False):
+    """Sorted distinct values of x (flattened) -> (values [U], inverse like x | None, counts [U] | None).
+
+    U is read back to the host (one sync): the output's size depends on the data."""
+    flat = x.reshape(1, -1)
+    N = flat.shape[1]
+    if N == 0:
+        empty = torch.empty(0, dtype=torch.int64, device=x.device)
+        return (torch.empty(0, dtype=x.dtype, device=x.device), empty.reshape(x.shape) if return_inverse else None,
+                empty if return_counts else None)
+    order = sorted_rows(flat, False)
+    v, order64 = _gather(flat, order, N)
+    v, order64 = v.reshape(N), order64.reshape(N)
+    flags = torch.empty(N, dtype=torch.int64, device=x.device)
+    grid = (cdiv(N, BLOCK),)
+    _run_starts_kernel[grid](v, flags, N, BLOCK=BLOCK)
+    group = scan_kernels.scan(flags, dim=0, op="sum")
+    U = int(group[N - 1].item())  # the documented host sync
+    values = torch.empty(U, dtype=x.dtype, device=x.device)
+    inverse = torch.empty(N, dtype=torch.int64, device=x.device)
+    start = torch.full((U + 1,), N, dtype=torch.int64, device=x.device)
+    _unique_kernel[grid](v, order64, group, flags, values, inverse, start, N, BLOCK=BLOCK)
+    counts = None
+    if return_counts:
+        counts = torch.empty(U, dtype=torch.int64, device=x.device)
+        _counts_kernel[(cdiv(U, BLOCK),)](start, counts, U, BLOCK=BLOCK)
+    return values, inverse.reshape(x.shape) if return_inverse else None, counts
+
+
+# ---------------------------------------------------------------------------------------------
+# multinomial
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _draw_kernel(cdf_ptr, out_ptr, state_ptr, N, S, steps, BLOCK: tl.constexpr):
+    """out[m, s] = first i with cdf[m, i] > u * cdf[m, N - 1], u = rand(seed, offset + m * S + s)."""
+    row = tl.program_id(1).to(tl.int64)
+    s = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = s < S
+    seed = tl.load(state_ptr)
+    base = tl.load(state_ptr + 1)
+    cdf_row = cdf_ptr + row * N
+    total = tl.load(cdf_row + N - 1)
+    target = tl.rand(seed, base + row * S + s) * total
+    lo = tl.zeros([BLOCK], tl.int64)
+    hi = lo + N
+    last = lo + N  # where cdf reaches the total: the last positive weight, for u * total rounding to total
+    lo2 = tl.zeros([BLOCK], tl.int64)
+    for _ in range(steps):
+        active = lo < hi
+        mid = (lo + hi) // 2
+        c = tl.load(cdf_row + mid, mask=live & active, other=0.0)
+        above = c > target
+        lo = tl.where(active & ~above, mid + 1, lo)
+        hi = tl.where(active & above, mid, hi)
+        active2 = lo2 < last
+        mid2 = (lo2 + last) // 2
+        c2 = tl.load(cdf_row + mid2, mask=live & active2, other=0.0)
+        reached = c2 >= total
+        lo2 = tl.where(active2 & ~reached, mid2 + 1, lo2)
+        last = tl.where(active2 & reached, mid2, last)
+    pick = tl.where(lo >= N, tl.minimum(last, N - 1), lo)
+    tl.store(out_ptr + row * S + s, pick, mask=live)
+
+
+@triton.jit
+def _race_keys_kernel(p_ptr, key_ptr, state_ptr, N, stride_pm, stride_pn, BLOCK: tl.constexpr):
+    """key[m, i] = -log(1 - u) / p[m, i] (inf where p = 0), u = rand(seed, offset + m * N + i)."""
+    row = tl.program_id(1).to(tl.int64)
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = i < N
+    p = tl.load(p_ptr + row * stride_pm + i * stride_pn, mask=live, other=0).to(tl.float32)
+    seed = tl.load(state_ptr)
+    base = tl.load(state_ptr + 1)
+    u = tl.rand(seed, base + row * N + i)
+    wait = -tl.log(1.0 - u)
+    tl.store(key_ptr + row * N + i, tl.where(p > 0, wait / p, float("inf")), mask=live)
+
+
+def multinomial(p: torch.Tensor, num_samples: int, replacement: bool, state: torch.Tensor) -> torch.Tensor:
+    """p [M, N] non-negative weights -> int64 [M, num_samples] drawn with state [seed, offset] (read, not advanced).
+
+    Consumes M * num_samples random numbers with replacement, M * N without."""
+    M, N = p.shape
+    out = torch.empty((M, num_samples), dtype=torch.int64, device=p.device)
+    if M == 0 or num_samples == 0:
+        return out
+    if replacement:
+        weights = p if p.dtype in (torch.float32, torch.float64) else p.to(torch.float32)
+        cdf = scan_kernels.scan(weights, dim=1, op="sum").contiguous()
+        block = min(BLOCK, triton.next_power_of_2(num_samples))
+        _draw_kernel[(cdiv(num_samples, block), M)](cdf, out, state, N, num_samples, N.bit_length() + 1, BLOCK=block)
+        return out
+    keys = torch.empty((M, N), dtype=torch.float32, device=p.device)
+    block = min(BLOCK, triton.next_power_of_2(N))
+    _race_keys_kernel[(cdiv(N, block), M)](p, keys, state, N, p.stride(0), p.stride(1), BLOCK=block)
+    order = sorted_rows(keys, False, cap=num_samples)
+    return _gather(keys, order, num_samples)[1]
+
