@@ -365,6 +365,10 @@ def test_errors():
         x[T(idx(0, 1))] = T(randn(3, 5, seed=34))
     with pytest.raises(TypeError, match="int64"):
         x.gather(0, T(idx([[0]]).int()))
+    with pytest.raises(ValueError, match="index: step must be greater than zero"):
+        x[::-1, T(idx(0))]
+    with pytest.raises(IndexError, match=r"index: index 7 is out of bounds.*tensor shape \[4, 5\]"):
+        x[7, T(idx(0))] = 1.0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -117,6 +117,8 @@ def _basic_view(t: torch.Tensor, basic: tuple, shape) -> torch.Tensor:
         return t[basic]
     except IndexError as e:
         raise IndexError(f"index: {e} (tensor shape {list(shape)})") from None
+    except ValueError as e:  # a slice step <= 0
+        raise ValueError(f"index: {e} (tensor shape {list(shape)})") from None
 
 
 class AdvancedIndex(Function):
@@ -200,8 +202,6 @@ def _put(x: Tensor, key, value, accumulate: bool, op: str) -> Tensor:
     value = _value(value, op)
     parsed = parse_key(x, key)
     basic, adv_dims, indices = parsed if parsed is not None else (key if isinstance(key, tuple) else (key,), (), [])
-    if parsed is None:
-        M.index(x, key)  # the basic key's own checks (types, steps, bounds)
     needs = isinstance(value, Tensor) and value.requires_grad
     if grad_mode.is_grad_enabled() and (x.requires_grad or needs):
         return M.inplace(x, lambda: IndexPut.apply(x, value, basic, adv_dims, accumulate, *indices), op)
