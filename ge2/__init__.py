@@ -81,6 +81,12 @@ from ge2.autograd.layout import (  # noqa: F401
     triu,
 )
 from ge2.autograd.resample import pixel_shuffle, pixel_unshuffle  # noqa: F401
+from ge2.autograd.math import (  # noqa: F401  (pointwise math)
+    addcdiv, addcmul, arctan2, atan2, bitwise_and, bitwise_not, bitwise_or, bitwise_xor, ceil, clamp, clamp_max,
+    clamp_min, clip, cos, erf, exp2, expm1, fix, floor, floor_divide, fmod, isfinite, isinf, isnan, lerp, log1p,
+    log2, logical_and, logical_not, logical_or, logical_xor, maximum, minimum, nan_to_num, reciprocal, remainder,
+    round, rsqrt, sign, sin, square, trunc,
+)
 from ge2.autograd.indexing import (  # noqa: F401
     check_pending_indices,
     gather,
@@ -117,6 +123,7 @@ double = float64
 long = int64
 
 from ge2 import nn, optim  # noqa: F401,E402
+from ge2.nn.activation import selu  # noqa: F401,E402  (torch.selu)
 from ge2 import amp  # noqa: F401,E402
 from ge2.amp import autocast  # noqa: F401,E402
 from ge2 import data  # noqa: F401,E402

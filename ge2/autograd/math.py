@@ -17,7 +17,7 @@ from ge2.amp import autocast_mode as _amp
 from ge2.autograd import grad_mode
 from ge2.autograd.function import Context, Function
 from ge2.autograd.tensor import Tensor, _check_inplace, parse_to_args
-from ge2.backend.schema import broadcast_shapes, normalize_dims, shape_str
+from ge2.backend.schema import broadcast_shapes, dtype_name, normalize_dims, shape_str
 
 call = backend.call
 Operand = "Tensor | float | int | bool"
@@ -103,14 +103,36 @@ class Pow(_ProductLike):
     op_name = "pow"
 
 
-def add(a, b) -> Tensor:
-    """a + b with broadcasting; either may be a Python number."""
+class AddScaled(Function):
+    """a + alpha * b (or a - alpha * b) in one kernel, torch's add/sub with ``alpha``."""
+
+    @staticmethod
+    def forward(ctx, a, b, alpha, op):
+        if True in ctx.needs_input_grad:
+            ctx.shapes = [tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in (a, b)]
+            ctx.scale = alpha if op == "add" else -alpha
+        return call(op, a, b, alpha=alpha)
+
+    @staticmethod
+    def backward(ctx, gy):
+        sa, sb = ctx.shapes
+        ga = sum_to_shape(gy, sa) if ctx.needs_input_grad[0] else None
+        gb = call("mul", sum_to_shape(gy, sb), ctx.scale) if ctx.needs_input_grad[1] else None
+        return ga, gb, None, None
+
+
+def add(a, b, *, alpha=1) -> Tensor:
+    """a + alpha * b with broadcasting; either may be a Python number."""
+    if alpha != 1 or type(alpha) is float:
+        return AddScaled.apply(_operand(a, "add"), _operand(b, "add"), alpha, "add")
     return Add.apply(a if type(a) is Tensor else _operand(a, "add"),
                      b if type(b) is Tensor else _operand(b, "add"))
 
 
-def sub(a, b) -> Tensor:
-    """a - b with broadcasting."""
+def sub(a, b, *, alpha=1) -> Tensor:
+    """a - alpha * b with broadcasting."""
+    if alpha != 1 or type(alpha) is float:
+        return AddScaled.apply(_operand(a, "sub"), _operand(b, "sub"), alpha, "sub")
     return Sub.apply(a if type(a) is Tensor else _operand(a, "sub"),
                      b if type(b) is Tensor else _operand(b, "sub"))
 
@@ -121,10 +143,32 @@ def mul(a, b) -> Tensor:
                      b if type(b) is Tensor else _operand(b, "mul"))
 
 
-def div(a, b) -> Tensor:
-    """a / b (true division) with broadcasting."""
+class DivRounded(Function):
+    """a / b rounded toward zero or down (torch's rounding_mode): a zero gradient, as in torch."""
+
+    @staticmethod
+    def forward(ctx, a, b, rounding_mode):
+        ctx.operands = [(tuple(x.shape), x.dtype, x.device) if isinstance(x, torch.Tensor) else None for x in (a, b)]
+        return call("div", a, b, rounding_mode=rounding_mode)
+
+    @staticmethod
+    def backward(ctx, gy):
+        grads = [torch.zeros(m[0], dtype=m[1], device=m[2]) if m is not None and need else None
+                 for m, need in zip(ctx.operands, ctx.needs_input_grad)]
+        return grads[0], grads[1], None
+
+
+def div(a, b, *, rounding_mode: str | None = None) -> Tensor:
+    """a / b with broadcasting: true division, or rounded with rounding_mode "trunc" / "floor"."""
+    if rounding_mode is not None:
+        return DivRounded.apply(_operand(a, "div"), _operand(b, "div"), rounding_mode)
     return Div.apply(a if type(a) is Tensor else _operand(a, "div"),
                      b if type(b) is Tensor else _operand(b, "div"))
+
+
+def floor_divide(a, b) -> Tensor:
+    """a // b: a / b rounded down (torch.floor_divide)."""
+    return div(a, b, rounding_mode="floor")
 
 
 def pow(a, b) -> Tensor:  # noqa: A001 (torch's name)
@@ -342,8 +386,11 @@ def amax(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
     return Amax.apply(x, dim, keepdim)
 
 
-def max(x: Tensor, dim: int | None = None, keepdim: bool = False):  # noqa: A001
-    """``max(x)``: the largest element; ``max(x, dim)``: (values, indices) like torch."""
+def max(x: Tensor, dim: "int | Tensor | None" = None, keepdim: bool = False):  # noqa: A001
+    """``max(x)``: the largest element; ``max(x, dim)``: (values, indices) like torch;
+    ``max(x, other)`` with a Tensor ``other``: the elementwise maximum."""
+    if isinstance(dim, Tensor):
+        return maximum(x, dim)
     if dim is None:
         return Amax.apply(x, None, False)
     values, indices = MaxDim.apply(x, dim, keepdim)
@@ -690,8 +737,262 @@ def unbind(x: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
 
 
 # ---------------------------------------------------------------------------------------------
+# pointwise math: binary, unary, ternary, logical/bitwise, and the pointwise-only activations
+# ---------------------------------------------------------------------------------------------
+class Maximum(_ProductLike):
+    op_name = "maximum"
+
+
+class Minimum(_ProductLike):
+    op_name = "minimum"
+
+
+class Fmod(_ProductLike):
+    op_name = "fmod"
+
+
+class Remainder(_ProductLike):
+    op_name = "remainder"
+
+
+class Atan2(_ProductLike):
+    op_name = "atan2"
+
+
+def _binary_fn(cls, name: str, doc: str):
+    def fn(a, b) -> Tensor:
+        return cls.apply(_operand(a, name), _operand(b, name))
+    fn.__name__, fn.__qualname__, fn.__doc__ = name, name, doc
+    return fn
+
+
+maximum = _binary_fn(Maximum, "maximum", "Elementwise max with broadcasting; NaN propagates; ties share the gradient.")
+minimum = _binary_fn(Minimum, "minimum", "Elementwise min with broadcasting; NaN propagates; ties share the gradient.")
+fmod = _binary_fn(Fmod, "fmod", "C's remainder a - b * trunc(a / b) (the sign of a), broadcast.")
+remainder = _binary_fn(Remainder, "remainder", "Python's a % b = a - b * floor(a / b) (the sign of b), broadcast.")
+atan2 = _binary_fn(Atan2, "atan2", "atan(a / b) in the quadrant of (b, a), broadcast; integers give float32.")
+arctan2 = atan2
+
+
+class Unary(Function):
+    """y = f(x) for the pointwise math ops of ``kernels.elementwise.UNARY_GRAD_SAVES`` and the
+    piecewise-constant ones (zero gradient); ``attrs`` are the op's keywords (decimals, nan, ...)."""
+
+    @staticmethod
+    def forward(ctx, x, op, attrs):
+        from ge2.kernels.elementwise import UNARY_GRAD_SAVES
+
+        y = call(op, x, **attrs)
+        ctx.op = op
+        saves = UNARY_GRAD_SAVES.get(op)
+        if True in ctx.needs_input_grad and saves:
+            ctx.save_for_backward(x if saves == "x" else y)
+        ctx.saves = saves
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        if ctx.saves is None:
+            return call("unary_backward", gy, None, None, op_name=ctx.op), None, None
+        (s,) = ctx.saved_tensors
+        x, y = (s, None) if ctx.saves == "x" else (None, s)
+        return call("unary_backward", gy, x, y, op_name=ctx.op), None, None
+
+
+def _unary_fn(name: str, doc: str, fp32_under_autocast: bool = False):
+    def fn(x: Tensor) -> Tensor:
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name}: expected a Tensor, got {type(x).__name__}")
+        if fp32_under_autocast and _amp_state.on:
+            (x,) = _amp.cast_fp32(x)
+        return Unary.apply(x, name, {})
+    fn.__name__, fn.__qualname__, fn.__doc__ = name, name, doc
+    return fn
+
+
+sign = _unary_fn("sign", "-1, 0 or 1 by the sign of x (0 for NaN); zero gradient.")
+floor = _unary_fn("floor", "x rounded down; zero gradient.")
+ceil = _unary_fn("ceil", "x rounded up; zero gradient.")
+trunc = _unary_fn("trunc", "x rounded toward zero; zero gradient.")
+fix = trunc
+log1p = _unary_fn("log1p", "log(1 + x), accurate near 0.", True)
+expm1 = _unary_fn("expm1", "exp(x) - 1, accurate near 0.", True)
+log2 = _unary_fn("log2", "Base-2 logarithm.", True)
+exp2 = _unary_fn("exp2", "2 ** x.")
+rsqrt = _unary_fn("rsqrt", "1 / sqrt(x).", True)
+reciprocal = _unary_fn("reciprocal", "1 / x (integers give float32).", True)
+square = _unary_fn("square", "x * x.")
+sin = _unary_fn("sin", "Sine.")
+cos = _unary_fn("cos", "Cosine.")
+erf = _unary_fn("erf", "The error function.")
+
+
+def round(x: Tensor, *, decimals: int = 0) -> Tensor:  # noqa: A001 (torch's name)
+    """x rounded to ``decimals`` places, ties to even (torch.round); zero gradient."""
+    return Unary.apply(x, "round", {"decimals": decimals} if decimals else {})
+
+
+def nan_to_num(x: Tensor, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None) -> Tensor:
+    """NaN, +inf, -inf replaced by ``nan``, ``posinf``, ``neginf`` (None: the dtype's largest / lowest)."""
+    return Unary.apply(x, "nan_to_num", {"nan": nan, "posinf": posinf, "neginf": neginf})
+
+
+def _mask_fn(name: str, doc: str):
+    def fn(x: Tensor) -> Tensor:
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name}: expected a Tensor, got {type(x).__name__}")
+        return Tensor(call(name, x.data))
+    fn.__name__, fn.__qualname__, fn.__doc__ = name, name, doc
+    return fn
+
+
+isnan = _mask_fn("isnan", "Bool mask of the NaN elements.")
+isinf = _mask_fn("isinf", "Bool mask of the +-inf elements.")
+isfinite = _mask_fn("isfinite", "Bool mask of the finite elements.")
+logical_not = _mask_fn("logical_not", "Bool: x == 0.")
+bitwise_not = _mask_fn("bitwise_not", "~x for integers, logical not for bool.")
+
+
+def _no_grad_binary(name: str, doc: str):
+    def fn(a, b) -> Tensor:
+        a, b = _operand(a, name), _operand(b, name)
+        return Tensor(call(name, a.data if isinstance(a, Tensor) else a, b.data if isinstance(b, Tensor) else b))
+    fn.__name__, fn.__qualname__, fn.__doc__ = name, name, doc
+    return fn
+
+
+logical_and = _no_grad_binary("logical_and", "Bool: a != 0 and b != 0, broadcast.")
+logical_or = _no_grad_binary("logical_or", "Bool: a != 0 or b != 0, broadcast.")
+logical_xor = _no_grad_binary("logical_xor", "Bool: exactly one of a, b nonzero, broadcast.")
+bitwise_and = _no_grad_binary("bitwise_and", "a & b for integers and bool, broadcast.")
+bitwise_or = _no_grad_binary("bitwise_or", "a | b for integers and bool, broadcast.")
+bitwise_xor = _no_grad_binary("bitwise_xor", "a ^ b for integers and bool, broadcast.")
+
+
+class Ternary(Function):
+    """clamp, lerp, addcmul, addcdiv: one kernel forward, one kernel for all three gradients."""
+
+    @staticmethod
+    def forward(ctx, op, a, b, c, value):
+        out = call(op, a, b, c, value=value) if op in ("addcmul", "addcdiv") else call(op, a, b, c)
+        if True in ctx.needs_input_grad:
+            ctx.save_for_backward(*(x if isinstance(x, torch.Tensor) else None for x in (a, b, c)))
+            ctx.scalars, ctx.op, ctx.value = (a, b, c), op, value
+        return out
+
+    @staticmethod
+    def backward(ctx, gy):
+        saved = ctx.saved_tensors
+        a, b, c = (t if t is not None else s for t, s in zip(saved, ctx.scalars))
+        _, na, nb, nc, _ = ctx.needs_input_grad
+        ga, gb, gc = call("ternary_backward", gy, a, b, c, op_name=ctx.op, value=ctx.value,
+                          need_a=na, need_b=nb, need_c=nc)
+        return None, ga, gb, gc, None
+
+
+def _ternary_operand(x, op: str):
+    return None if x is None else _operand(x, op)
+
+
+def clamp(x: Tensor, min=None, max=None) -> Tensor:  # noqa: A002 (torch's names)
+    """min(max(x, min), max) with tensor or scalar bounds (either may be None); NaN propagates."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"clamp: expected a Tensor, got {type(x).__name__}")
+    return Ternary.apply("clamp", x, _ternary_operand(min, "clamp"), _ternary_operand(max, "clamp"), 1)
+
+
+clip = clamp
+
+
+def clamp_min(x: Tensor, min) -> Tensor:  # noqa: A002
+    return clamp(x, min, None)
+
+
+def clamp_max(x: Tensor, max) -> Tensor:  # noqa: A002
+    return clamp(x, None, max)
+
+
+def lerp(start: Tensor, end: Tensor, weight) -> Tensor:
+    """start + weight * (end - start), broadcast; weight a tensor or a number."""
+    return Ternary.apply("lerp", _operand(start, "lerp"), _operand(end, "lerp"), _operand(weight, "lerp"), 1)
+
+
+def addcmul(x: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
+    """x + value * tensor1 * tensor2, broadcast."""
+    return Ternary.apply("addcmul", _operand(x, "addcmul"), _operand(tensor1, "addcmul"),
+                         _operand(tensor2, "addcmul"), value)
+
+
+def addcdiv(x: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
+    """x + value * tensor1 / tensor2, broadcast."""
+    return Ternary.apply("addcdiv", _operand(x, "addcdiv"), _operand(tensor1, "addcdiv"),
+                         _operand(tensor2, "addcdiv"), value)
+
+
+class ActivationEx(Function):
+    """y = act(x; p0, p1, p2) for activations.POINTWISE_ACTIVATIONS; backward reads x."""
+
+    @staticmethod
+    def forward(ctx, x, act, params):
+        ctx.act, ctx.params = act, params
+        if True in ctx.needs_input_grad:
+            ctx.save_for_backward(x)
+        return call("activation", x, act=act, alpha=params[0], beta=params[1], gamma=params[2])
+
+    @staticmethod
+    def backward(ctx, gy):
+        (x,) = ctx.saved_tensors
+        p = ctx.params
+        return call("activation_backward", gy, x, None, act=ctx.act, alpha=p[0], beta=p[1], gamma=p[2]), None, None
+
+
+def activation_ex(x: Tensor, act: str, p0: float = 0.0, p1: float = 0.0, p2: float = 0.0) -> Tensor:
+    """act(x) for act in mish, softplus(beta, threshold), elu(alpha, scale, input_scale), hardswish,
+    hardtanh(min_val, max_val), logsigmoid."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{act}: expected a Tensor, got {type(x).__name__}")
+    if _amp_state.on and act == "softplus":
+        (x,) = _amp.cast_fp32(x)
+    return ActivationEx.apply(x, act, (float(p0), float(p1), float(p2)))
+
+
+class Glu(Function):
+    @staticmethod
+    def forward(ctx, x, dim):
+        if True in ctx.needs_input_grad:
+            ctx.save_for_backward(x)
+            ctx.dim = dim
+        return call("glu", x, dim=dim)
+
+    @staticmethod
+    def backward(ctx, gy):
+        (x,) = ctx.saved_tensors
+        return call("glu_backward", x, gy, dim=ctx.dim), None
+
+
+def glu(x: Tensor, dim: int = -1) -> Tensor:
+    """a * sigmoid(b) for the halves a, b of x along ``dim`` (even size)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"glu: expected a Tensor, got {type(x).__name__}")
+    return Glu.apply(x, dim)
+
+
+# ---------------------------------------------------------------------------------------------
 # in-place ops
 # ---------------------------------------------------------------------------------------------
+def _kind(dt: torch.dtype) -> int:
+    return 2 if dt.is_floating_point else 0 if dt == torch.bool else 1
+
+
+def inplace_source(x: Tensor) -> Tensor:
+    """What an in-place op on x should compute from: x, or a recorded copy of x when the op is
+    recorded (its backward may read x's old value, which the write is about to replace; torch
+    saves the original the same way)."""
+    if x.requires_grad and grad_mode.is_grad_enabled() and not x.is_leaf:
+        return clone(x)
+    return x
+
+
 def inplace(x: Tensor, result_fn, op: str) -> Tensor:
     """Write ``result_fn()`` into x's memory, bump its version; record the op if grad is on.
 
@@ -702,6 +1003,9 @@ def inplace(x: Tensor, result_fn, op: str) -> Tensor:
     result = result_fn()
     if result.shape != x.shape:
         raise ValueError(f"{op}: result of shape {list(result.shape)} cannot be written into {list(x.shape)}")
+    if _kind(result.dtype) > _kind(x.dtype):  # torch's can_cast: no float into ints, no ints into bool
+        raise TypeError(f"{op}: result type {dtype_name(result.dtype)} can't be cast to the desired output "
+                        f"type {dtype_name(x.dtype)}")
     if result.requires_grad and grad_mode.is_grad_enabled():
         if x.data._base is not None and x.requires_grad:
             raise RuntimeError(f"{op}: in-place on a view of a tensor that requires grad is not supported")
@@ -709,6 +1013,54 @@ def inplace(x: Tensor, result_fn, op: str) -> Tensor:
     x.data.copy_(result.data)
     x._version_counter.value += 1
     return x
+
+
+def _install_pointwise_methods(make_inplace) -> None:
+    """The pointwise math's methods, operators and in-place variants (torch's names)."""
+    T = Tensor
+
+    def keywords_inplace(fn, name):
+        def method(self, *args, **kwargs):
+            src = inplace_source(self)
+            return inplace(self, lambda: fn(src, *args, **kwargs), name)
+        return method
+
+    T.add, T.sub, T.div = add, sub, div
+    T.add_, T.sub_, T.div_ = (keywords_inplace(fn, f"{fn.__name__}_") for fn in (add, sub, div))
+    T.floor_divide, T.floor_divide_ = floor_divide, make_inplace(floor_divide, "floor_divide_")
+    T.true_divide = div
+    T.__floordiv__ = floor_divide
+    T.__rfloordiv__ = lambda self, o: floor_divide(o, self)
+    T.__ifloordiv__ = make_inplace(floor_divide, "floor_divide_")
+    T.__mod__ = remainder
+    T.__rmod__ = lambda self, o: remainder(o, self)
+    T.__imod__ = make_inplace(remainder, "remainder_")
+    for name, fn in (("and", bitwise_and), ("or", bitwise_or), ("xor", bitwise_xor)):
+        setattr(T, f"__{name}__", fn)
+        setattr(T, f"__r{name}__", lambda self, o, _fn=fn: _fn(o, self))
+        setattr(T, f"__i{name}__", make_inplace(fn, f"bitwise_{name}_"))
+    T.__invert__ = bitwise_not
+    binary = (maximum, minimum, fmod, remainder, atan2, logical_and, logical_or, logical_xor, bitwise_and,
+              bitwise_or, bitwise_xor)
+    for fn in binary:
+        setattr(T, fn.__name__, fn)
+    for fn in (fmod, remainder, atan2, logical_and, logical_or, logical_xor, bitwise_and, bitwise_or, bitwise_xor):
+        setattr(T, f"{fn.__name__}_", make_inplace(fn, f"{fn.__name__}_"))
+    T.arctan2, T.arctan2_ = atan2, T.atan2_
+    unary = (sign, floor, ceil, trunc, log1p, expm1, log2, exp2, rsqrt, reciprocal, square, sin, cos, erf,
+             logical_not, bitwise_not, neg, exp, log, sqrt, abs, relu, sigmoid, tanh)
+    for fn in unary:
+        setattr(T, fn.__name__, fn)
+        setattr(T, f"{fn.__name__}_", keywords_inplace(fn, f"{fn.__name__}_"))
+    T.fix, T.fix_ = trunc, T.trunc_
+    T.negative, T.absolute = neg, abs
+    for fn in (isnan, isinf, isfinite):
+        setattr(T, fn.__name__, fn)
+    for fn in (round, nan_to_num, clamp, clamp_min, clamp_max, lerp, addcmul, addcdiv):
+        setattr(T, fn.__name__, fn)
+        setattr(T, f"{fn.__name__}_", keywords_inplace(fn, f"{fn.__name__}_"))
+    T.clip, T.clip_ = clamp, T.clamp_
+    T.maximum, T.minimum = maximum, minimum
 
 
 def _install_methods() -> None:
@@ -774,15 +1126,17 @@ def _install_methods() -> None:
 
     def make_inplace(fn, name):
         def method(self, other):
-            return inplace(self, lambda: fn(self, other), name)
+            src = inplace_source(self)
+            return inplace(self, lambda: fn(src, other), name)
         return method
 
-    for name, fn in (("add", add), ("sub", sub), ("mul", mul), ("div", div), ("pow", pow)):
+    for name, fn in (("mul", mul), ("pow", pow)):
         setattr(T, f"{name}_", make_inplace(fn, f"{name}_"))
     T.__iadd__ = make_inplace(add, "add_")
     T.__isub__ = make_inplace(sub, "sub_")
     T.__imul__ = make_inplace(mul, "mul_")
     T.__itruediv__ = make_inplace(div, "div_")
+    _install_pointwise_methods(make_inplace)
 
     def zero_(self):
         _check_inplace(self, "zero_")

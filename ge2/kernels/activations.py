@@ -5,11 +5,26 @@ leaky_relu slope), so each activation compiles to straight-line code with no bra
 
 Backward needs act'(z). For relu, leaky_relu (slope > 0), sigmoid and tanh it can be computed from
 the output y alone, so kernels do not store the pre-activation z for them; gelu and silu need z.
+relu passes the gradient at NaN inputs, like torch's threshold_backward (zero only where z <= 0).
+
+The pointwise-only activations (``POINTWISE_ACTIVATIONS``: mish, softplus, elu/selu, hardswish,
+hardtanh, logsigmoid) take up to three runtime parameters (``act_ex_fwd``/``act_ex_grad``); they
+are not GEMM epilogues, so ``act_code`` refuses them there.
+
+The ``lib_*`` helpers are accurate math for the pointwise kernels: libdevice on the GPU (Triton's
+fp32 sin/cos/exp2 are hardware approximations), NumPy-backed ``tl`` builtins or plain arithmetic
+under the interpreter, which cannot call libdevice.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
+
+from ge2 import runtime
+
+# The branch taken at compile time: libdevice exists only in compiled kernels.
+_GPU = tl.constexpr(not runtime.is_interpreter())
 
 NONE, RELU, LEAKY_RELU, GELU, GELU_TANH, SIGMOID, TANH, SILU = range(8)
 
@@ -77,8 +92,8 @@ def sigmoid(x):
 @triton.jit
 def act_fwd(z, ACT: tl.constexpr, alpha):
     """y = act(z), elementwise, in z's (fp32/fp64) precision."""
-    if ACT == 1:  # relu
-        return tl.maximum(z, 0.0)
+    if ACT == 1:  # relu; NaN stays NaN as in torch (maximum would drop it on the GPU)
+        return tl.where(z <= 0, 0.0, z)
     elif ACT == 2:  # leaky_relu
         return tl.where(z > 0, z, z * alpha)
     elif ACT == 3:  # gelu (erf)
@@ -99,7 +114,7 @@ def act_fwd(z, ACT: tl.constexpr, alpha):
 def act_grad_from_z(z, ACT: tl.constexpr, alpha):
     """act'(z) for every activation."""
     if ACT == 1:
-        return tl.where(z > 0, 1.0, 0.0)
+        return tl.where(z <= 0, 0.0, 1.0)
     elif ACT == 2:
         return tl.where(z > 0, 1.0, alpha)
     elif ACT == 3:
@@ -130,7 +145,7 @@ def act_grad_from_z(z, ACT: tl.constexpr, alpha):
 def act_grad_from_y(y, ACT: tl.constexpr, alpha):
     """act'(z) from y = act(z); valid for the activations in GRAD_FROM_Y."""
     if ACT == 1:
-        return tl.where(y > 0, 1.0, 0.0)
+        return tl.where(y <= 0, 0.0, 1.0)
     elif ACT == 2:
         return tl.where(y > 0, 1.0, alpha)
     elif ACT == 5:
@@ -139,3 +154,206 @@ def act_grad_from_y(y, ACT: tl.constexpr, alpha):
         return 1.0 - y * y
     else:
         return tl.full(y.shape, 1.0, y.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Accurate math (libdevice on the GPU; NumPy-backed builtins or arithmetic in the interpreter)
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def lib_sin(x):
+    if _GPU:
+        return libdevice.sin(x)
+    else:
+        return tl.sin(x)
+
+
+@triton.jit
+def lib_cos(x):
+    if _GPU:
+        return libdevice.cos(x)
+    else:
+        return tl.cos(x)
+
+
+@triton.jit
+def lib_exp2(x):
+    if _GPU:
+        return libdevice.exp2(x)
+    else:
+        return tl.exp2(x)
+
+
+@triton.jit
+def lib_log2(x):
+    if _GPU:
+        return libdevice.log2(x)
+    else:
+        return tl.log2(x)
+
+
+@triton.jit
+def lib_erf(x):
+    if _GPU:
+        return libdevice.erf(x)
+    else:
+        return tl.erf(x)
+
+
+@triton.jit
+def lib_expm1(x):
+    if _GPU:
+        return libdevice.expm1(x)
+    else:
+        return expm1(x)
+
+
+@triton.jit
+def lib_log1p(x):
+    if _GPU:
+        return libdevice.log1p(x)
+    else:
+        # log(u) * x / (u - 1) cancels the rounding of u = 1 + x (Goldberg's trick).
+        u = 1.0 + x
+        d = u - 1.0
+        special = (d == 0.0) | (u == float("inf")) | (u <= 0.0)
+        r = tl.log(tl.where(special, 2.0, u)) * x / tl.where(special, 1.0, d)
+        r = tl.where(u == float("inf"), x, r)
+        r = tl.where(u <= 0.0, tl.log(u), r)
+        return tl.where(d == 0.0, x, r)
+
+
+@triton.jit
+def lib_trunc(x):
+    if _GPU:
+        return libdevice.trunc(x)
+    else:
+        return tl.where(x < 0, tl.ceil(x), tl.floor(x))
+
+
+@triton.jit
+def lib_rint(x):
+    """x rounded to the nearest integer, ties to even (torch.round)."""
+    if _GPU:
+        return libdevice.rint(x)
+    else:
+        f = tl.floor(x)
+        d = x - f  # exact
+        odd = (f - 2.0 * tl.floor(f * 0.5)) != 0.0
+        r = tl.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f)
+        return tl.where(r == 0.0, x * 0.0, r)  # keeps the sign of a zero result
+
+
+@triton.jit
+def lib_fmod(a, b):
+    if _GPU:
+        return libdevice.fmod(a, b)
+    else:
+        return a % b  # frem: NumPy's fmod in the interpreter
+
+
+@triton.jit
+def _atan_unit(t):
+    # Two half-angle steps, atan(t) = 2 atan(t / (1 + sqrt(1 + t^2))), bring |t| <= 1 under
+    # tan(pi/16) ~ 0.2, where 12 terms of the Taylor series reach fp64 accuracy.
+    t = t / (1.0 + tl.sqrt(1.0 + t * t))
+    t = t / (1.0 + tl.sqrt(1.0 + t * t))
+    t2 = t * t
+    p = t2 * (1.0 / 25.0) - 1.0 / 23.0
+    p = p * t2 + 1.0 / 21.0
+    p = p * t2 - 1.0 / 19.0
+    p = p * t2 + 1.0 / 17.0
+    p = p * t2 - 1.0 / 15.0
+    p = p * t2 + 1.0 / 13.0
+    p = p * t2 - 1.0 / 11.0
+    p = p * t2 + 1.0 / 9.0
+    p = p * t2 - 1.0 / 7.0
+    p = p * t2 + 1.0 / 5.0
+    p = p * t2 - 1.0 / 3.0
+    return 4.0 * (t + t * t2 * p)
+
+
+@triton.jit
+def lib_atan2(y, x):
+    if _GPU:
+        return libdevice.atan2(y, x)
+    else:
+        ax = tl.abs(x)
+        ay = tl.abs(y)
+        big = tl.maximum(ax, ay)
+        small = tl.minimum(ax, ay)
+        both_inf = (ax == float("inf")) & (ay == float("inf"))
+        t = tl.where(both_inf, 1.0, small / tl.where(big == 0.0, 1.0, big))
+        a = _atan_unit(t)
+        a = tl.where(ay > ax, 1.5707963267948966 - a, a)
+        x_negative = (x < 0) | ((x == 0) & (1.0 / x < 0))
+        a = tl.where(x_negative, 3.141592653589793 - a, a)
+        y_negative = (y < 0) | ((y == 0) & (1.0 / y < 0))
+        a = tl.where(y_negative, a * -1.0, a)  # not -a: Triton negates as 0 - a, losing -0.0
+        return tl.where((x != x) | (y != y), x + y, a)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pointwise-only activations with up to three parameters (p0, p1, p2)
+# ---------------------------------------------------------------------------------------------
+MISH, SOFTPLUS, ELU, HARDSWISH, HARDTANH, LOGSIGMOID = range(16, 22)
+
+# name -> code; elu's parameters are (alpha, scale, input_scale) as in torch's elu kernel, so selu
+# is elu with fixed ones; softplus's (beta, threshold); hardtanh's (min_val, max_val).
+POINTWISE_ACTIVATIONS: dict[str, int] = {
+    "mish": MISH, "softplus": SOFTPLUS, "elu": ELU, "hardswish": HARDSWISH, "hardtanh": HARDTANH,
+    "logsigmoid": LOGSIGMOID,
+}
+
+
+@triton.jit
+def _softplus(z, beta, threshold):
+    # torch: linear above the threshold (of beta * z), else log1p(exp(beta z)) / beta.
+    bz = z * beta
+    return tl.where(bz > threshold, z, lib_log1p(tl.exp(bz)) / beta)
+
+
+@triton.jit
+def act_ex_fwd(z, ACT: tl.constexpr, p0, p1, p2):
+    """y = act(z) for the POINTWISE_ACTIVATIONS, in z's (fp32/fp64) precision."""
+    if ACT == 16:  # mish: z tanh(softplus(z))
+        return z * tanh(lib_log1p(tl.exp(z)))
+    elif ACT == 17:  # softplus(beta=p0, threshold=p1)
+        return _softplus(z, p0, p1)
+    elif ACT == 18:  # elu(alpha=p0, scale=p1, input_scale=p2)
+        return tl.where(z <= 0, lib_expm1(z * p2) * (p0 * p1), z * p1)
+    elif ACT == 19:  # hardswish
+        return tl.where(z <= -3.0, 0.0, tl.where(z >= 3.0, z, z * (z + 3.0) / 6.0))
+    elif ACT == 20:  # hardtanh(min_val=p0, max_val=p1); NaN stays NaN
+        return tl.where(z < p0, p0, tl.where(z > p1, p1, z))
+    else:  # logsigmoid: min(z, 0) - log1p(exp(-|z|))
+        return tl.minimum(z, 0.0) - lib_log1p(tl.exp(-tl.abs(z)))
+
+
+@triton.jit
+def act_ex_grad(z, ACT: tl.constexpr, p0, p1, p2):
+    """act'(z) for the POINTWISE_ACTIVATIONS, with torch's choices at the kinks."""
+    if ACT == 16:
+        s = sigmoid(z)
+        t = tanh(lib_log1p(tl.exp(z)))
+        return t + z * s * (1.0 - t * t)
+    elif ACT == 17:
+        bz = z * p0
+        return tl.where(bz > p1, 1.0, sigmoid(bz))
+    elif ACT == 18:
+        return tl.where(z <= 0, tl.exp(z * p2) * (p0 * p1 * p2), p1)
+    elif ACT == 19:
+        return tl.where(z <= -3.0, 0.0, tl.where(z < 3.0, z / 3.0 + 0.5, 1.0))  # torch's CUDA kink values
+    elif ACT == 20:  # zero at the bounds, like torch's hardtanh_backward
+        return tl.where((z <= p0) | (z >= p1), 0.0, 1.0)
+    else:
+        e = tl.exp(-tl.abs(z))
+        return tl.where(z < 0, 1.0 - e / (1.0 + e), e / (1.0 + e))
+
+
+def act_ex_code(op: str, act: str) -> int:
+    """The constexpr code of a pointwise-only activation; a clear error for unknown names."""
+    code = POINTWISE_ACTIVATIONS.get(act)
+    if code is None:
+        names = ", ".join([*ACTIVATIONS, *POINTWISE_ACTIVATIONS])
+        raise ValueError(f"{op}: unknown activation {act!r}; expected one of {names}")
+    return code

@@ -4,17 +4,23 @@ Every launcher takes torch tensors of any strides (0-strides of ``expand``, tran
 views) that broadcast NumPy-style, or Python scalars where noted, and returns new tensors of the
 broadcast shape laid out as torch's would be (``memory_order``: channels-last in, channels-last out).
 
-BINARY_OPS = ("add", "sub", "mul", "div", "pow")
-UNARY_OPS = ("neg", "exp", "log", "sqrt", "abs")
-binary(op, a, b) -> out              # a/b tensor or scalar; dtype = schema.result_dtype(a, b)
-                                     # (div of ints -> float32, like torch)
+BINARY_OPS = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "fmod", "remainder", "atan2")
+LOGICAL_OPS, BITWISE_OPS = logical_and/or/xor (bool result), bitwise_and/or/xor (integers and bool)
+UNARY_OPS = neg exp log sqrt abs sign floor ceil trunc round log1p expm1 log2 exp2 rsqrt reciprocal
+            square sin cos erf isnan isinf isfinite nan_to_num logical_not bitwise_not
+TERNARY_OPS = ("clamp", "lerp", "addcmul", "addcdiv")
+binary(op, a, b, *, alpha=1, rounding_mode=None) -> out   # a/b tensor or scalar; dtype =
+                                     # schema.result_dtype(a, b) (div, atan2 of ints -> float32)
 compare(op, a, b) -> bool out        # op in eq ne lt le gt ge
 binary_backward(gy, a, b, *, op_name, need_a=True, need_b=True) -> (ga | None, gb | None)
                                      # grads reduced to a's / b's shapes and dtypes; None for scalars
-unary(op, x) -> y
-unary_backward(gy, x=None, y=None, *, op_name) -> gx    # exp/sqrt use y; log/abs use x; neg neither
-activation(x, *, act, alpha=0.01) -> y                  # act names from activations.ACTIVATIONS
-activation_backward(gy, x=None, y=None, *, act, alpha=0.01) -> gx   # from y if x is None
+unary(op, x, *, decimals=0, nan=0.0, posinf=None, neginf=None) -> y
+unary_backward(gy, x=None, y=None, *, op_name) -> gx    # x or y as UNARY_GRAD_SAVES says
+activation(x, *, act, alpha=0.01, beta=0, gamma=0) -> y # activations.ACTIVATIONS / POINTWISE_ACTIVATIONS
+activation_backward(gy, x=None, y=None, *, act, alpha=0.01, beta=0, gamma=0) -> gx  # from y if x is None
+ternary(op, a, b, c, *, value=1) -> out                 # clamp bounds may be None or scalars
+ternary_backward(gy, a, b, c, *, op_name, value=1, need_a/b/c=True) -> (ga, gb, gc)
+glu(x, dim) -> y;  glu_backward(gy, x, dim) -> gx
 where(cond, a, b) -> out             # a/b tensor or scalar
 
 How the iteration works: the operands are broadcast to the output shape (0-strides), the dims are
@@ -29,7 +35,11 @@ rounded once to the output dtype. A Python scalar stays a kernel argument in the
 ``bf16_x * 0.1`` is ``bf16(float(x) * 0.1f)``, not ``x * bf16(0.1)``. Division and sqrt are
 correctly rounded (torch's CUDA kernel divides by a scalar through its reciprocal, up to 1.5 ulp
 off; torch's CPU sqrt is not correctly rounded either), and pow is computed in fp64.
+Transcendental math (sin, cos, log1p, expm1, log2, exp2, erf, atan2, fmod, rounding) is libdevice on
+the GPU (``activations.lib_*``). Integer division and remainder by zero are unspecified, as in
+torch's CUDA kernels (torch raises on the CPU; checking would cost a host sync).
 """
+import builtins
 import math
 import struct
 
@@ -39,24 +49,62 @@ import triton.language as tl
 
 from ge2.backend.schema import broadcast_shapes, result_dtype
 from ge2.kernels import activations
-from ge2.kernels.activations import act_fwd, act_grad_from_y, act_grad_from_z
+from ge2.kernels.activations import (
+    act_ex_fwd, act_ex_grad, act_fwd, act_grad_from_y, act_grad_from_z, lib_atan2, lib_cos, lib_erf, lib_exp2,
+    lib_expm1, lib_fmod, lib_log1p, lib_log2, lib_rint, lib_sin, lib_trunc, sigmoid,
+)
 from ge2.runtime import autotune, cdiv
 
-BINARY_OPS = ("add", "sub", "mul", "div", "pow")
+# Differentiable binary ops (binary_backward knows their gradients), comparisons, and the
+# bool/integer-only ones.
+BINARY_OPS = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "fmod", "remainder", "atan2")
 COMPARE_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
-UNARY_OPS = ("neg", "exp", "log", "sqrt", "abs")
+LOGICAL_OPS = ("logical_and", "logical_or", "logical_xor")
+BITWISE_OPS = ("bitwise_and", "bitwise_or", "bitwise_xor")
 
 # Op codes of the binary kernel: arithmetic, comparisons, then the gradients of the unary ops as
-# functions of (gy, saved tensor).
+# functions of (gy, saved tensor), then the pointwise math added later.
 ADD, SUB, MUL, DIV, POW = (tl.constexpr(i) for i in range(5))
 EQ, NE, LT, LE, GT, GE = (tl.constexpr(i) for i in range(5, 11))
 EXP_GRAD, LOG_GRAD, SQRT_GRAD, ABS_GRAD, ACT_GRAD_FROM_Z, ACT_GRAD_FROM_Y = (tl.constexpr(i) for i in range(11, 17))
-_BINARY_CODE = {name: i for i, name in enumerate(BINARY_OPS + COMPARE_OPS)}
+(MAXIMUM, MINIMUM, FMOD, REMAINDER, ATAN2, LOGICAL_AND, LOGICAL_OR, LOGICAL_XOR, BITWISE_AND, BITWISE_OR,
+ BITWISE_XOR, DIV_TRUNC, DIV_FLOOR, ADD_SCALED, SUB_SCALED, GLU, UNARY_GRAD, ACT_EX_GRAD) = (
+    tl.constexpr(i) for i in range(17, 35))
+_BINARY_CODE = {name: i for i, name in enumerate(BINARY_OPS[:5] + COMPARE_OPS)}
+_BINARY_CODE.update({name: MAXIMUM + i for i, name in enumerate(BINARY_OPS[5:] + LOGICAL_OPS + BITWISE_OPS)})
+_BINARY_CODE["glu"] = GLU
 _UNARY_GRAD_CODE = {"exp": EXP_GRAD, "log": LOG_GRAD, "sqrt": SQRT_GRAD, "abs": ABS_GRAD}
 
-# Op codes of the unary kernel; ACTIVATION applies activations.act_fwd.
-NEG, EXP, LOG, SQRT, ABS, ACTIVATION = (tl.constexpr(i) for i in range(6))
-_UNARY_CODE = {name: i for i, name in enumerate(UNARY_OPS)}
+# Op codes of the unary kernel; ACTIVATION applies activations.act_fwd, ACTIVATION_EX act_ex_fwd.
+(NEG, EXP, LOG, SQRT, ABS, ACTIVATION, SIGN, FLOOR, CEIL, TRUNC, ROUND, ROUND_DECIMALS, LOG1P, EXPM1, LOG2,
+ EXP2, RSQRT, RECIPROCAL, SQUARE, SIN, COS, ERF, ISNAN, ISINF, ISFINITE, NAN_TO_NUM, LOGICAL_NOT, BITWISE_NOT,
+ ACTIVATION_EX) = (tl.constexpr(i) for i in range(29))
+
+# name -> (code, what the result dtype is): "same" keeps the input dtype, "float" gives the default
+# float for integer and bool inputs (torch's rule for transcendental ops), "bool" a bool mask.
+_UNARY = {
+    "neg": (NEG, "same"), "exp": (EXP, "float"), "log": (LOG, "float"), "sqrt": (SQRT, "float"),
+    "abs": (ABS, "same"), "sign": (SIGN, "same"), "floor": (FLOOR, "same"), "ceil": (CEIL, "same"),
+    "trunc": (TRUNC, "same"), "round": (ROUND, "same"), "log1p": (LOG1P, "float"), "expm1": (EXPM1, "float"),
+    "log2": (LOG2, "float"), "exp2": (EXP2, "float"), "rsqrt": (RSQRT, "float"),
+    "reciprocal": (RECIPROCAL, "float"), "square": (SQUARE, "same"), "sin": (SIN, "float"),
+    "cos": (COS, "float"), "erf": (ERF, "float"), "isnan": (ISNAN, "bool"), "isinf": (ISINF, "bool"),
+    "isfinite": (ISFINITE, "bool"), "nan_to_num": (NAN_TO_NUM, "same"), "logical_not": (LOGICAL_NOT, "bool"),
+    "bitwise_not": (BITWISE_NOT, "same"),
+}
+UNARY_OPS = tuple(_UNARY)
+# What each differentiable unary op's gradient reads: its input x or its result y.
+UNARY_GRAD_SAVES = {
+    "exp": "y", "log": "x", "sqrt": "y", "abs": "x", "log1p": "x", "expm1": "y", "log2": "x", "exp2": "y",
+    "rsqrt": "y", "reciprocal": "y", "square": "x", "sin": "x", "cos": "x", "erf": "x", "nan_to_num": "x",
+}
+# Piecewise-constant ops: torch gives them a zero gradient.
+ZERO_GRAD_OPS = ("sign", "floor", "ceil", "trunc", "round")
+
+# Ternary ops: clamp(x, min, max), lerp(start, end, weight), addcmul/addcdiv(x, t1, t2, value).
+TERNARY_OPS = ("clamp", "lerp", "addcmul", "addcdiv")
+CLAMP, LERP, ADDCMUL, ADDCDIV = (tl.constexpr(i) for i in range(4))
+_TERNARY_CODE = {name: i for i, name in enumerate(TERNARY_OPS)}
 
 # Iteration rank after merging contiguous dims; an operand layout needing more is copied first.
 MAX_RANK = 6
@@ -148,7 +196,41 @@ def _operand(ptr, offsets, mask, scalar, IS_SCALAR: tl.constexpr, CAST: tl.const
 
 
 @triton.jit
-def _binary_math(a, b, OP: tl.constexpr, ACT: tl.constexpr, alpha):
+def _is_nan(x):
+    if x.dtype.is_floating():
+        return x != x
+    else:
+        return tl.zeros_like(x) != 0
+
+
+@triton.jit
+def _remainder(a, b):
+    """Python's a % b (the sign of b), from the C remainder, like torch.remainder."""
+    if a.dtype.is_floating():
+        mod = lib_fmod(a, b)
+    else:
+        mod = a % b  # C semantics (truncating) for integers, in Triton as in the interpreter
+    return tl.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod)
+
+
+@triton.jit
+def _div_floor(a, b):
+    """floor(a / b) with torch's rules: exact for integers; for floats from fmod, as torch does."""
+    if a.dtype.is_floating():
+        mod = lib_fmod(a, b)
+        q = div(a - mod, b)
+        q = tl.where((mod != 0) & ((b < 0) != (mod < 0)), q - 1.0, q)
+        fq = tl.floor(q)
+        fq = tl.where(q - fq > 0.5, fq + 1.0, fq)
+        fq = tl.where(q == 0, tl.where(div(a, b) < 0, -0.0, 0.0), fq)
+        return tl.where(b == 0, div(a, b), fq)
+    else:
+        q = a // b
+        return tl.where(((a < 0) != (b < 0)) & (q * b != a), q - 1, q)
+
+
+@triton.jit
+def _binary_math(a, b, OP: tl.constexpr, ACT: tl.constexpr, alpha, beta, gamma):
     if OP == ADD:
         return a + b
     elif OP == SUB:
@@ -182,12 +264,55 @@ def _binary_math(a, b, OP: tl.constexpr, ACT: tl.constexpr, alpha):
         return tl.where(b > 0, a, tl.where(b < 0, -a, 0.0))
     elif OP == ACT_GRAD_FROM_Z:
         return a * act_grad_from_z(b, ACT, alpha)
-    else:  # ACT_GRAD_FROM_Y
+    elif OP == ACT_GRAD_FROM_Y:
         return a * act_grad_from_y(b, ACT, alpha)
+    elif OP == UNARY_GRAD:  # ACT = the unary op's code
+        return _unary_grad(a, b, ACT)
+    elif OP == ACT_EX_GRAD:
+        return a * act_ex_grad(b, ACT, alpha, beta, gamma)
+    # NaN-propagating max/min, like torch.maximum/minimum.
+    elif OP == MAXIMUM:
+        return tl.where(_is_nan(a) | (a > b), a, b)
+    elif OP == MINIMUM:
+        return tl.where(_is_nan(a) | (a < b), a, b)
+    elif OP == FMOD:
+        if a.dtype.is_floating():
+            return lib_fmod(a, b)
+        else:
+            return a % b
+    elif OP == REMAINDER:
+        return _remainder(a, b)
+    elif OP == ATAN2:
+        return lib_atan2(a, b)
+    elif OP == LOGICAL_AND:
+        return (a != 0) & (b != 0)
+    elif OP == LOGICAL_OR:
+        return (a != 0) | (b != 0)
+    elif OP == LOGICAL_XOR:
+        return (a != 0) != (b != 0)
+    elif OP == BITWISE_AND:
+        return a & b
+    elif OP == BITWISE_OR:
+        return a | b
+    elif OP == BITWISE_XOR:
+        return a ^ b
+    elif OP == DIV_TRUNC:
+        if a.dtype.is_floating():
+            return lib_trunc(div(a, b))
+        else:
+            return a // b  # truncating, as C (and torch) divide integers
+    elif OP == DIV_FLOOR:
+        return _div_floor(a, b)
+    elif OP == ADD_SCALED:  # torch's add(alpha=): one rounding of a + alpha * b in opmath
+        return a + alpha * b
+    elif OP == SUB_SCALED:
+        return a - alpha * b
+    else:  # GLU: a * sigmoid(b)
+        return a * sigmoid(b)
 
 
 @triton.jit
-def _unary_math(x, OP: tl.constexpr, ACT: tl.constexpr, alpha):
+def _unary_math(x, OP: tl.constexpr, ACT: tl.constexpr, alpha, beta, gamma):
     if OP == NEG:
         return -x
     elif OP == EXP:
@@ -198,8 +323,111 @@ def _unary_math(x, OP: tl.constexpr, ACT: tl.constexpr, alpha):
         return _sqrt(x)
     elif OP == ABS:
         return tl.abs(x)
-    else:
+    elif OP == ACTIVATION:
         return act_fwd(x, ACT, alpha)
+    elif OP == ACTIVATION_EX:
+        return act_ex_fwd(x, ACT, alpha, beta, gamma)
+    elif OP == SIGN:  # 0 for NaN, like torch
+        return tl.where(x > 0, 1, tl.where(x < 0, -1, 0)).to(x.dtype)
+    elif OP == SQUARE:
+        return x * x
+    elif OP == LOG1P:
+        return lib_log1p(x)
+    elif OP == EXPM1:
+        return lib_expm1(x)
+    elif OP == LOG2:
+        return lib_log2(x)
+    elif OP == EXP2:
+        return lib_exp2(x)
+    elif OP == RSQRT:
+        return div(tl.full(x.shape, 1.0, x.dtype), _sqrt(x))
+    elif OP == RECIPROCAL:
+        return div(tl.full(x.shape, 1.0, x.dtype), x)
+    elif OP == SIN:
+        return lib_sin(x)
+    elif OP == COS:
+        return lib_cos(x)
+    elif OP == ERF:
+        return lib_erf(x)
+    elif OP == ISNAN:
+        return _is_nan(x)
+    elif OP == ISINF:
+        if x.dtype.is_floating():
+            return tl.abs(x) == float("inf")
+        else:
+            return tl.zeros_like(x) != 0
+    elif OP == ISFINITE:
+        if x.dtype.is_floating():
+            return tl.abs(x) < float("inf")
+        else:
+            return tl.zeros_like(x) == 0
+    elif OP == NAN_TO_NUM:  # alpha, beta, gamma: what NaN, +inf and -inf become
+        if x.dtype.is_floating():
+            y = tl.where(x == float("inf"), beta, tl.where(x == -float("inf"), gamma, x))
+            return tl.where(x != x, alpha, y)
+        else:
+            return x
+    elif OP == LOGICAL_NOT:
+        return x == 0
+    elif OP == BITWISE_NOT:
+        return ~x
+    # Rounding: integers are already integral.
+    elif not x.dtype.is_floating():
+        return x
+    elif OP == FLOOR:
+        return tl.floor(x)
+    elif OP == CEIL:
+        return tl.ceil(x)
+    elif OP == TRUNC:
+        return lib_trunc(x)
+    elif OP == ROUND:
+        return lib_rint(x)
+    else:  # ROUND_DECIMALS: alpha = 10**|decimals|, beta = 1 for negative decimals (torch's form)
+        return tl.where(beta != 0, lib_rint(div(x, alpha)) * alpha, div(lib_rint(x * alpha), alpha))
+
+
+@triton.jit
+def _unary_grad(gy, s, OP: tl.constexpr):
+    """gy * f'(x) for the unary ops of UNARY_GRAD_SAVES added after abs; s is x or y as listed there."""
+    if OP == LOG1P:  # s = x
+        return div(gy, 1.0 + s)
+    elif OP == EXPM1:  # s = y
+        return gy * (s + 1.0)
+    elif OP == LOG2:  # s = x
+        return div(gy, s * 0.6931471805599453)
+    elif OP == EXP2:  # s = y
+        return gy * s * 0.6931471805599453
+    elif OP == RSQRT:  # s = y
+        return -0.5 * gy * (s * s * s)
+    elif OP == RECIPROCAL:  # s = y
+        return -gy * (s * s)
+    elif OP == SQUARE:  # s = x
+        return gy * 2.0 * s
+    elif OP == SIN:
+        return gy * lib_cos(s)
+    elif OP == COS:
+        return -gy * lib_sin(s)
+    elif OP == ERF:  # 2 / sqrt(pi) exp(-x^2)
+        return gy * 1.1283791670955126 * tl.exp(-s * s)
+    else:  # NAN_TO_NUM: the gradient passes where x was finite
+        return tl.where(tl.abs(s) < float("inf"), gy, 0.0)
+
+
+@triton.jit
+def _ternary_math(a, b, c, OP: tl.constexpr, value):
+    if OP == CLAMP:  # min(max(a, b), c), NaN in any operand propagating (torch's clamp kernel)
+        y = tl.where(a < b, b, a)
+        y = tl.where(y > c, c, y)
+        y = tl.where(_is_nan(c), c, y)
+        y = tl.where(_is_nan(b), b, y)
+        return tl.where(_is_nan(a), a, y)
+    elif OP == LERP:  # torch's two-sided form: exact at both ends
+        d = b - a
+        return tl.where(tl.abs(c) < 0.5, a + c * d, b - d * (1.0 - c))
+    elif OP == ADDCMUL:
+        return a + value * b * c
+    else:  # ADDCDIV
+        return a + value * div(b, c)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,24 +457,24 @@ def _elementwise_autotune(fn):
 
 
 @_elementwise_autotune
-@triton.jit(do_not_specialize=["tune_size", "alpha"])
+@triton.jit(do_not_specialize=["tune_size", "alpha", "beta", "gamma"])
 def _unary_kernel(
-    x_ptr, y_ptr, n, tune_size, sizes, x_strides, alpha: "tl.int64",
+    x_ptr, y_ptr, n, tune_size, sizes, x_strides, alpha: "tl.int64", beta: "tl.int64", gamma: "tl.int64",
     OP: tl.constexpr, ACT: tl.constexpr, COMPUTE: tl.constexpr,
     RANK: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
 ):
     i = linear_indices(n, BLOCK, WIDE)
     mask = i < n
     x = tl.load(x_ptr + strided_offsets(i, sizes, x_strides, RANK), mask=mask).to(COMPUTE)
-    y = _unary_math(x, OP, ACT, _float_arg(alpha, COMPUTE))
+    y = _unary_math(x, OP, ACT, _float_arg(alpha, COMPUTE), _float_arg(beta, COMPUTE), _float_arg(gamma, COMPUTE))
     tl.store(y_ptr + i, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @_elementwise_autotune
-@triton.jit(do_not_specialize=["tune_size", "a_scalar", "b_scalar", "alpha"])
+@triton.jit(do_not_specialize=["tune_size", "a_scalar", "b_scalar", "alpha", "beta", "gamma"])
 def _binary_kernel(
     a_ptr, b_ptr, out_ptr, n, tune_size, sizes, a_strides, b_strides,
-    a_scalar: "tl.int64", b_scalar: "tl.int64", alpha: "tl.int64",
+    a_scalar: "tl.int64", b_scalar: "tl.int64", alpha: "tl.int64", beta: "tl.int64", gamma: "tl.int64",
     OP: tl.constexpr, ACT: tl.constexpr, A_SCALAR: tl.constexpr, B_SCALAR: tl.constexpr,
     CAST: tl.constexpr, COMPUTE: tl.constexpr, RANK: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
 ):
@@ -254,7 +482,7 @@ def _binary_kernel(
     mask = i < n
     a = _operand(a_ptr, strided_offsets(i, sizes, a_strides, RANK), mask, a_scalar, A_SCALAR, CAST, COMPUTE)
     b = _operand(b_ptr, strided_offsets(i, sizes, b_strides, RANK), mask, b_scalar, B_SCALAR, CAST, COMPUTE)
-    out = _binary_math(a, b, OP, ACT, _float_arg(alpha, COMPUTE))
+    out = _binary_math(a, b, OP, ACT, _float_arg(alpha, COMPUTE), _float_arg(beta, COMPUTE), _float_arg(gamma, COMPUTE))
     tl.store(out_ptr + i, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -301,13 +529,99 @@ def _binary_backward_kernel(
         elif OP == DIV:
             ga = div(gy, b)
             gb = -gy * div(div(a, b), b)  # torch's form: (a / b) / b does not overflow where b * b would
-        else:  # POW, like torch: 0 where the exponent is 0, and where the base is 0 for b >= 0
+        elif OP == POW:  # like torch: 0 where the exponent is 0, and where the base is 0 for b >= 0
             ga = gy * tl.where(b == 0, 0.0, b * _pow(a, b - 1.0).to(COMPUTE))
             gb = gy * tl.where((a == 0) & (b >= 0), 0.0, (_pow(a, b) * tl.log(a.to(tl.float64))).to(COMPUTE))
+        elif OP == MAXIMUM or OP == MINIMUM:  # torch: ties share it, NaN sends it to both sides
+            shared = tl.where(a == b, gy * 0.5, gy)
+            if OP == MAXIMUM:
+                ga = tl.where(a < b, 0.0, shared)
+                gb = tl.where(a > b, 0.0, shared)
+            else:
+                ga = tl.where(a > b, 0.0, shared)
+                gb = tl.where(a < b, 0.0, shared)
+        elif OP == FMOD:  # a - b trunc(a / b)
+            ga = gy
+            gb = -gy * lib_trunc(div(a, b))
+        elif OP == REMAINDER:  # a - b floor(a / b)
+            ga = gy
+            gb = -gy * _div_floor(a, b)
+        elif OP == ATAN2:  # d atan2(a, b) = (b da - a db) / (a^2 + b^2)
+            r = a * a + b * b
+            ga = gy * div(b, r)
+            gb = gy * div(-a, r)
+        else:  # GLU: a * sigmoid(b)
+            sb = sigmoid(b)
+            ga = gy * sb
+            gb = gy * a * sb * (1.0 - sb)
     if NEED_A:
         tl.store(ga_ptr + i, ga.to(ga_ptr.dtype.element_ty), mask=mask)
     if NEED_B:
         tl.store(gb_ptr + i, gb.to(gb_ptr.dtype.element_ty), mask=mask)
+
+
+@_elementwise_autotune
+@triton.jit(do_not_specialize=["tune_size", "a_scalar", "b_scalar", "c_scalar", "value"])
+def _ternary_kernel(
+    a_ptr, b_ptr, c_ptr, out_ptr, n, tune_size, sizes, a_strides, b_strides, c_strides,
+    a_scalar: "tl.int64", b_scalar: "tl.int64", c_scalar: "tl.int64", value: "tl.int64",
+    OP: tl.constexpr, A_SCALAR: tl.constexpr, B_SCALAR: tl.constexpr, C_SCALAR: tl.constexpr,
+    CAST: tl.constexpr, COMPUTE: tl.constexpr, RANK: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    i = linear_indices(n, BLOCK, WIDE)
+    mask = i < n
+    a = _operand(a_ptr, strided_offsets(i, sizes, a_strides, RANK), mask, a_scalar, A_SCALAR, CAST, COMPUTE)
+    b = _operand(b_ptr, strided_offsets(i, sizes, b_strides, RANK), mask, b_scalar, B_SCALAR, CAST, COMPUTE)
+    c = _operand(c_ptr, strided_offsets(i, sizes, c_strides, RANK), mask, c_scalar, C_SCALAR, CAST, COMPUTE)
+    if OP == CLAMP:  # scalar bounds in the result dtype, as torch's clamp takes them
+        b = b.to(CAST).to(COMPUTE)
+        c = c.to(CAST).to(COMPUTE)
+    out = _ternary_math(a, b, c, OP, _float_arg(value, COMPUTE))
+    tl.store(out_ptr + i, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@_elementwise_autotune
+@triton.jit(do_not_specialize=["tune_size", "a_scalar", "b_scalar", "c_scalar", "value"])
+def _ternary_backward_kernel(
+    gy_ptr, a_ptr, b_ptr, c_ptr, ga_ptr, gb_ptr, gc_ptr, n, tune_size, sizes,
+    gy_strides, a_strides, b_strides, c_strides,
+    a_scalar: "tl.int64", b_scalar: "tl.int64", c_scalar: "tl.int64", value: "tl.int64",
+    OP: tl.constexpr, NEED_A: tl.constexpr, NEED_B: tl.constexpr, NEED_C: tl.constexpr,
+    A_SCALAR: tl.constexpr, B_SCALAR: tl.constexpr, C_SCALAR: tl.constexpr,
+    CAST: tl.constexpr, COMPUTE: tl.constexpr, RANK: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """The gradients of a ternary op w.r.t. its three operands over the broadcast shape, one pass."""
+    i = linear_indices(n, BLOCK, WIDE)
+    mask = i < n
+    gy = tl.load(gy_ptr + strided_offsets(i, sizes, gy_strides, RANK), mask=mask).to(COMPUTE)
+    a = _operand(a_ptr, strided_offsets(i, sizes, a_strides, RANK), mask, a_scalar, A_SCALAR, CAST, COMPUTE)
+    b = _operand(b_ptr, strided_offsets(i, sizes, b_strides, RANK), mask, b_scalar, B_SCALAR, CAST, COMPUTE)
+    c = _operand(c_ptr, strided_offsets(i, sizes, c_strides, RANK), mask, c_scalar, C_SCALAR, CAST, COMPUTE)
+    v = _float_arg(value, COMPUTE)
+    if OP == CLAMP:  # torch's clamp_backward_min_max (an absent bound is -inf / +inf here)
+        b = b.to(CAST).to(COMPUTE)
+        c = c.to(CAST).to(COMPUTE)
+        ga = tl.where((a >= b) & (a <= c), gy, 0.0)
+        gb = tl.where((a < b) & (b < c), gy, 0.0)
+        gc = tl.where((a > c) | (c < b), gy, 0.0)
+    elif OP == LERP:
+        ga = gy * (1.0 - c)
+        gb = gy * c
+        gc = gy * (b - a)
+    elif OP == ADDCMUL:
+        ga = gy
+        gb = gy * v * c
+        gc = gy * v * b
+    else:  # ADDCDIV
+        ga = gy
+        gb = div(gy * v, c)
+        gc = div(-gy * v * b, c * c)
+    if NEED_A:
+        tl.store(ga_ptr + i, ga.to(ga_ptr.dtype.element_ty), mask=mask)
+    if NEED_B:
+        tl.store(gb_ptr + i, gb.to(gb_ptr.dtype.element_ty), mask=mask)
+    if NEED_C:
+        tl.store(gc_ptr + i, gc.to(gc_ptr.dtype.element_ty), mask=mask)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -468,7 +782,7 @@ def _device(*operands) -> torch.device:
     return next(x.device for x in operands if isinstance(x, torch.Tensor))
 
 
-def _binary_launch(code, a, b, out_dtype, cast, act=activations.NONE, alpha=0.0):
+def _binary_launch(code, a, b, out_dtype, cast, act=activations.NONE, alpha=0.0, beta=0.0, gamma=0.0):
     launch = _Launch(_shape(a, b), [a, b], compute_dtype(cast))
     out = launch.empty(out_dtype, _device(a, b))
     if out.numel() == 0:
@@ -476,34 +790,53 @@ def _binary_launch(code, a, b, out_dtype, cast, act=activations.NONE, alpha=0.0)
     launch.run(
         _binary_kernel, launch.pointer(0, out), launch.pointer(1, out), out,
         a_strides=launch.strides[0], b_strides=launch.strides[1],
-        a_scalar=launch.scalar(0), b_scalar=launch.scalar(1), alpha=_float_bits(alpha),
+        a_scalar=launch.scalar(0), b_scalar=launch.scalar(1),
+        alpha=_float_bits(alpha), beta=_float_bits(beta), gamma=_float_bits(gamma),
         OP=code, ACT=act, A_SCALAR=launch.is_scalar(0), B_SCALAR=launch.is_scalar(1),
         CAST=_TL_DTYPE[cast], COMPUTE=_TL_DTYPE[launch.compute],
     )
     return out
 
 
-def _unary_launch(code, x, out_dtype, act=activations.NONE, alpha=0.0):
-    launch = _Launch(x.shape, [x], compute_dtype(x.dtype))
+def _unary_launch(code, x, out_dtype, act=activations.NONE, alpha=0.0, beta=0.0, gamma=0.0, compute=None):
+    launch = _Launch(x.shape, [x], compute or compute_dtype(x.dtype))
     out = launch.empty(out_dtype, x.device)
     if out.numel() == 0:
         return out
     launch.run(
-        _unary_kernel, x, out, x_strides=launch.strides[0], alpha=_float_bits(alpha),
+        _unary_kernel, x, out, x_strides=launch.strides[0],
+        alpha=_float_bits(alpha), beta=_float_bits(beta), gamma=_float_bits(gamma),
         OP=code, ACT=act, COMPUTE=_TL_DTYPE[launch.compute],
     )
     return out
 
 
+def _float_result(dt: torch.dtype) -> torch.dtype:
+    """torch's result dtype for true division and transcendental math: integers give the default float."""
+    return dt if dt.is_floating_point else torch.get_default_dtype()
+
+
 # ---------------------------------------------------------------------------------------------
 # Public launchers (the contract above)
 # ---------------------------------------------------------------------------------------------
-def binary(op: str, a, b) -> torch.Tensor:
-    """a (op) b for op in BINARY_OPS, broadcast; a/b tensors or scalars -> [broadcast shape]."""
+def binary(op: str, a, b, *, alpha=1, rounding_mode: str | None = None) -> torch.Tensor:
+    """a (op) b for op in BINARY_OPS, LOGICAL_OPS, BITWISE_OPS, broadcast; a/b tensors or scalars
+    -> [broadcast shape]. ``alpha`` scales b in add/sub; ``rounding_mode`` ("trunc", "floor") rounds div."""
     dt = result_dtype(a, b)
-    if op == "div" and not dt.is_floating_point:
-        dt = torch.get_default_dtype()  # true division, like torch
-    return _binary_launch(_BINARY_CODE[op], a, b, dt, dt)
+    code = _BINARY_CODE[op]
+    if op in LOGICAL_OPS:
+        return _binary_launch(code, a, b, torch.bool, dt)
+    if op == "div":
+        if rounding_mode is None:
+            dt = _float_result(dt)  # true division, like torch
+        else:
+            code = DIV_TRUNC if rounding_mode == "trunc" else DIV_FLOOR
+    elif op == "atan2":
+        dt = _float_result(dt)
+    elif op in ("add", "sub") and alpha != 1:
+        code = ADD_SCALED if op == "add" else SUB_SCALED
+        return _binary_launch(code, a, b, dt, dt, alpha=alpha)
+    return _binary_launch(code, a, b, dt, dt)
 
 
 def compare(op: str, a, b) -> torch.Tensor:
@@ -511,32 +844,170 @@ def compare(op: str, a, b) -> torch.Tensor:
     return _binary_launch(_BINARY_CODE[op], a, b, torch.bool, result_dtype(a, b))
 
 
-def unary(op: str, x: torch.Tensor) -> torch.Tensor:
-    """y = op(x) for op in UNARY_OPS -> [x.shape], x.dtype."""
-    return _unary_launch(_UNARY_CODE[op], x, x.dtype)
+def unary(op: str, x: torch.Tensor, *, decimals: int = 0, nan=0.0, posinf=None, neginf=None) -> torch.Tensor:
+    """y = op(x) for op in UNARY_OPS -> [x.shape]; the dtype by torch's rule for the op (``_UNARY``).
+
+    ``decimals``: round's; ``nan``, ``posinf``, ``neginf``: nan_to_num's replacements (None: the
+    dtype's largest / lowest finite value)."""
+    code, kind = _UNARY[op]
+    if kind == "float":
+        out = _float_result(x.dtype)
+    elif kind == "bool":
+        out = torch.bool
+    else:
+        out = torch.int64 if op == "square" and x.dtype == torch.bool else x.dtype
+    compute = compute_dtype(x.dtype if kind == "bool" else out)
+    params = (0.0, 0.0, 0.0)
+    if op == "bitwise_not" and x.dtype == torch.bool:
+        code = LOGICAL_NOT
+    elif op == "round" and decimals != 0:
+        code, params = ROUND_DECIMALS, (10.0 ** builtins.abs(decimals), float(decimals < 0), 0.0)
+    elif op == "nan_to_num" and x.dtype.is_floating_point:
+        info = torch.finfo(x.dtype)
+        params = (nan, info.max if posinf is None else posinf, info.min if neginf is None else neginf)
+    return _unary_launch(code, x, out, alpha=params[0], beta=params[1], gamma=params[2], compute=compute)
 
 
 def unary_backward(gy: torch.Tensor, x=None, y=None, *, op_name: str) -> torch.Tensor:
-    """gx = gy * op'(x): exp and sqrt read y = op(x), log and abs read x -> [gy.shape]."""
+    """gx = gy * op'(x), reading x or y = op(x) as ``UNARY_GRAD_SAVES`` says; zeros for the
+    piecewise-constant ops -> [gy.shape]."""
     if op_name == "neg":
         return _unary_launch(NEG, gy, gy.dtype)
-    saved = y if op_name in ("exp", "sqrt") else x
+    if op_name in ZERO_GRAD_OPS:
+        return torch.zeros_like(gy)
+    saved = y if UNARY_GRAD_SAVES[op_name] == "y" else x
     dt = result_dtype(gy, saved)
-    return _binary_launch(_UNARY_GRAD_CODE[op_name], gy, saved, dt, dt)
+    if op_name in _UNARY_GRAD_CODE:
+        return _binary_launch(_UNARY_GRAD_CODE[op_name], gy, saved, dt, dt)
+    return _binary_launch(UNARY_GRAD, gy, saved, dt, dt, act=_UNARY[op_name][0])
 
 
-def activation(x: torch.Tensor, *, act: str, alpha: float = 0.01) -> torch.Tensor:
-    """y = act(x) for act in activations.ACTIVATIONS -> [x.shape], x.dtype."""
+def activation(x: torch.Tensor, *, act: str, alpha: float = 0.01, beta: float = 0.0, gamma: float = 0.0) -> torch.Tensor:
+    """y = act(x) for act in activations.ACTIVATIONS or POINTWISE_ACTIVATIONS (parameters alpha,
+    beta, gamma as listed there) -> [x.shape], x.dtype."""
+    if act in activations.POINTWISE_ACTIVATIONS:
+        return _unary_launch(ACTIVATION_EX, x, x.dtype, act=activations.act_ex_code("activation", act),
+                             alpha=alpha, beta=beta, gamma=gamma)
     code = activations.act_code("activation", act, alpha)
     return _unary_launch(ACTIVATION, x, x.dtype, act=code, alpha=alpha)
 
 
-def activation_backward(gy: torch.Tensor, x=None, y=None, *, act: str, alpha: float = 0.01) -> torch.Tensor:
+def activation_backward(gy: torch.Tensor, x=None, y=None, *, act: str, alpha: float = 0.01, beta: float = 0.0,
+                        gamma: float = 0.0) -> torch.Tensor:
     """gx = gy * act'(x), with act' read from y = act(x) when x is None -> [gy.shape]."""
+    if act in activations.POINTWISE_ACTIVATIONS:
+        dt = result_dtype(gy, x)
+        return _binary_launch(ACT_EX_GRAD, gy, x, dt, dt, act=activations.act_ex_code("activation_backward", act),
+                              alpha=alpha, beta=beta, gamma=gamma)
     code = activations.act_code("activation_backward", act, alpha)
     saved, op = (x, ACT_GRAD_FROM_Z) if x is not None else (y, ACT_GRAD_FROM_Y)
     dt = result_dtype(gy, saved)
     return _binary_launch(op, gy, saved, dt, dt, act=code, alpha=alpha)
+
+
+def _halves(x: torch.Tensor, dim: int):
+    h = x.shape[dim] // 2
+    return x.narrow(dim, 0, h), x.narrow(dim, h, h)
+
+
+def glu(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """a * sigmoid(b) for the halves a, b of x along ``dim`` (even size) -> x.shape with dim halved."""
+    a, b = _halves(x, dim)
+    return _binary_launch(GLU, a, b, x.dtype, x.dtype)
+
+
+def glu_backward(gy: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
+    """gx [x.shape] of glu(x, dim) given gy: both halves' gradients from one kernel."""
+    a, b = _halves(x, dim)
+    ga, gb = binary_backward(gy, a, b, op_name="glu")
+    gx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    ha, hb = _halves(gx, dim)
+    ha.copy_(ga)
+    hb.copy_(gb)
+    return gx
+
+
+def _clamp_bounds(dt: torch.dtype, lo, hi):
+    """An absent bound as the dtype's extreme (exact in it): clamp always runs as min(max(x, lo), hi)."""
+    if dt.is_floating_point:
+        low, high = -math.inf, math.inf
+    else:
+        info = torch.iinfo(dt)
+        low, high = info.min, info.max
+    return (low if lo is None else lo), (high if hi is None else hi)
+
+
+def _ternary_dtype(op: str, a, b, c) -> torch.dtype:
+    if op == "lerp":
+        return a.dtype
+    return result_dtype(*[x for x in (a, b, c) if x is not None])
+
+
+def ternary(op: str, a, b, c, *, value=1) -> torch.Tensor:
+    """op(a, b, c) for op in TERNARY_OPS, broadcast: clamp(x, min, max) (a bound None or a
+    scalar), lerp(start, end, weight), addcmul / addcdiv(x, t1, t2) with ``value`` -> [broadcast shape]."""
+    dt = _ternary_dtype(op, a, b, c)
+    if op == "clamp":
+        b, c = _clamp_bounds(dt, b, c)
+    launch = _Launch(_shape(a, b, c), [a, b, c], compute_dtype(dt))
+    out = launch.empty(dt, _device(a, b, c))
+    if out.numel() == 0:
+        return out
+    launch.run(
+        _ternary_kernel, launch.pointer(0, out), launch.pointer(1, out), launch.pointer(2, out), out,
+        a_strides=launch.strides[0], b_strides=launch.strides[1], c_strides=launch.strides[2],
+        a_scalar=launch.scalar(0), b_scalar=launch.scalar(1), c_scalar=launch.scalar(2),
+        value=_float_bits(value),
+        OP=_TERNARY_CODE[op], A_SCALAR=launch.is_scalar(0), B_SCALAR=launch.is_scalar(1),
+        C_SCALAR=launch.is_scalar(2), CAST=_TL_DTYPE[dt], COMPUTE=_TL_DTYPE[launch.compute],
+    )
+    return out
+
+
+def _grad_buffers(launch, gy, operands, needs, compute):
+    """Per operand a buffer for its gradient over the broadcast shape (gy's layout), or None; a
+    gradient to be summed (its operand was broadcast) stays in the compute dtype until then."""
+    return [launch.empty(t.dtype if t.numel() == gy.numel() else compute, gy.device) if need else None
+            for t, need in zip(operands, needs)]
+
+
+def _to_operand(g, t, gy):
+    """A gradient over the broadcast shape summed back to its operand's shape and dtype."""
+    from ge2.kernels import reduction  # the reduction launchers reuse this module's helpers
+
+    if g is None:
+        return None
+    if t.numel() == gy.numel():
+        return g.reshape(t.shape)
+    return reduction.sum_to(g, tuple(t.shape), dtype=t.dtype)
+
+
+def ternary_backward(gy: torch.Tensor, a, b, c, *, op_name: str, value=1, need_a: bool = True,
+                     need_b: bool = True, need_c: bool = True):
+    """(ga, gb, gc) of y = op_name(a, b, c) given gy [broadcast shape]; each summed to its operand's
+    shape and dtype, None for a scalar or absent operand or one not needed."""
+    operands = [a, b, c]
+    needs = [need and isinstance(t, torch.Tensor) for need, t in zip((need_a, need_b, need_c), operands)]
+    if not any(needs):
+        return None, None, None
+    if op_name == "clamp":
+        b, c = _clamp_bounds(gy.dtype, b, c)
+    compute = compute_dtype(gy.dtype)
+    launch = _Launch(tuple(gy.shape), [gy, a, b, c], compute)
+    grads = _grad_buffers(launch, gy, operands, needs, compute)
+    if gy.numel() > 0:
+        placeholder = next(g for g in grads if g is not None)
+        launch.run(
+            _ternary_backward_kernel, gy, *(launch.pointer(k, placeholder) for k in (1, 2, 3)),
+            *(g if g is not None else placeholder for g in grads),
+            gy_strides=launch.strides[0], a_strides=launch.strides[1], b_strides=launch.strides[2],
+            c_strides=launch.strides[3], a_scalar=launch.scalar(1), b_scalar=launch.scalar(2),
+            c_scalar=launch.scalar(3), value=_float_bits(value),
+            OP=_TERNARY_CODE[op_name], NEED_A=needs[0], NEED_B=needs[1], NEED_C=needs[2],
+            A_SCALAR=launch.is_scalar(1), B_SCALAR=launch.is_scalar(2), C_SCALAR=launch.is_scalar(3),
+            CAST=_TL_DTYPE[gy.dtype], COMPUTE=_TL_DTYPE[compute],
+        )
+    return tuple(_to_operand(g, t, gy) for g, t in zip(grads, operands))
 
 
 def where(cond: torch.Tensor, a, b) -> torch.Tensor:
@@ -559,25 +1030,13 @@ def where(cond: torch.Tensor, a, b) -> torch.Tensor:
 def binary_backward(gy: torch.Tensor, a, b, *, op_name: str, need_a: bool = True, need_b: bool = True):
     """(ga, gb) of y = a (op_name) b given gy [broadcast shape]; each summed to its operand's shape
     and dtype, None for a scalar operand or one not needed."""
-    from ge2.kernels import reduction  # the reduction launchers reuse this module's helpers
-
     want_a = need_a and isinstance(a, torch.Tensor)
     want_b = need_b and isinstance(b, torch.Tensor)
     if not (want_a or want_b):
         return None, None
-    shape = tuple(gy.shape)
     compute = compute_dtype(gy.dtype)
-
-    launch = _Launch(shape, [gy, a, b], compute)
-
-    # A grad whose operand was broadcast is kept in the compute dtype until it is summed; both in
-    # gy's layout.
-    def buffer(t, wanted):
-        if not wanted:
-            return None
-        return launch.empty(t.dtype if t.numel() == gy.numel() else compute, gy.device)
-
-    ga, gb = buffer(a, want_a), buffer(b, want_b)
+    launch = _Launch(tuple(gy.shape), [gy, a, b], compute)
+    ga, gb = _grad_buffers(launch, gy, [a, b], [want_a, want_b], compute)
     if gy.numel() > 0:
         placeholder = ga if ga is not None else gb
         launch.run(
@@ -589,13 +1048,4 @@ def binary_backward(gy: torch.Tensor, a, b, *, op_name: str, need_a: bool = True
             A_SCALAR=launch.is_scalar(1), B_SCALAR=launch.is_scalar(2),
             CAST=_TL_DTYPE[gy.dtype], COMPUTE=_TL_DTYPE[compute],
         )
-
-    def to_operand(g, t):
-        if g is None:
-            return None
-        if t.numel() == gy.numel():
-            return g.reshape(t.shape)
-        return reduction.sum_to(g, tuple(t.shape), dtype=t.dtype)
-
-    return to_operand(ga, a), to_operand(gb, b)
-
+    return _to_operand(ga, a, gy), _to_operand(gb, b, gy)

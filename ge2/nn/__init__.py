@@ -4,6 +4,7 @@ from ge2.nn.module import IncompatibleKeys, Module, StateDictError  # noqa: F401
 from ge2.nn.container import ModuleDict, ModuleList, Sequential  # noqa: F401
 from ge2.nn.linear import Flatten, Identity, Linear  # noqa: F401
 from ge2.nn.activation import GELU, LeakyReLU, LogSoftmax, ReLU, Sigmoid, SiLU, Softmax, Tanh  # noqa: F401
+from ge2.nn.activation import ELU, GLU, SELU, Hardswish, Hardtanh, LogSigmoid, Mish, ReLU6, Softplus  # noqa: F401
 from ge2.nn.dropout import Dropout  # noqa: F401
 from ge2.nn.normalization import BatchNorm1d, BatchNorm2d, LayerNorm, RMSNorm  # noqa: F401
 from ge2.nn.sparse import Embedding  # noqa: F401

@@ -15,6 +15,8 @@ from ge2.autograd.embedding import embedding  # noqa: F401,E402
 from ge2.autograd.indexing import one_hot  # noqa: F401,E402
 from ge2.autograd.math import flatten, relu, sigmoid, tanh  # noqa: F401,E402
 from ge2.nn.activation import gelu, leaky_relu, silu  # noqa: F401,E402
+from ge2.nn.activation import elu, hardswish, hardtanh, logsigmoid, mish, relu6, selu, softplus  # noqa: F401,E402
+from ge2.autograd.math import glu  # noqa: F401,E402
 from ge2.autograd.attention import scaled_dot_product_attention  # noqa: F401,E402
 from ge2.autograd.conv import adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d  # noqa: F401,E402
 from ge2.autograd.resample import fold, interpolate, pad, pixel_shuffle, pixel_unshuffle, unfold  # noqa: F401,E402
