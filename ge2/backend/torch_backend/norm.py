@@ -1,4 +1,4 @@
-"""torch reference implementations of the normalisation ops (fp32 math, like the kernels)."""
+"""torch reference implementations of the normalisation ops (fp32 math, fp64 for fp64 x, like the kernels)."""
 from __future__ import annotations
 
 import math
@@ -8,13 +8,17 @@ import torch
 from ge2.backend.registry import register
 
 
+def _acc(x) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 def _rows(x, normalized_shape):
     n = math.prod(tuple(normalized_shape) if not isinstance(normalized_shape, int) else (normalized_shape,))
-    return x.reshape(-1, n).float(), n
+    return x.reshape(-1, n).to(_acc(x)), n
 
 
-def _affine(t, n):
-    return t.reshape(n).float() if t is not None else None
+def _affine(t, n, acc):
+    return t.reshape(n).to(acc) if t is not None else None
 
 
 @register("layer_norm", "torch")
@@ -24,17 +28,17 @@ def layer_norm(x, weight=None, bias=None, *, normalized_shape, eps=1e-5):
     rstd = torch.rsqrt(((x2 - mean[:, None]) ** 2).mean(1) + eps)
     y = (x2 - mean[:, None]) * rstd[:, None]
     if weight is not None:
-        y = y * _affine(weight, n)
+        y = y * _affine(weight, n, x2.dtype)
     if bias is not None:
-        y = y + _affine(bias, n)
+        y = y + _affine(bias, n, x2.dtype)
     return y.to(x.dtype).reshape(x.shape), mean, rstd
 
 
 def _row_norm_backward(gy, x, weight, mean, rstd, normalized_shape, rms, need_x, need_weight, need_bias):
     x2, n = _rows(x, normalized_shape)
-    g2 = gy.reshape(-1, n).float()
+    g2 = gy.reshape(-1, n).to(x2.dtype)
     xhat = (x2 - mean[:, None]) * rstd[:, None]
-    g = g2 * _affine(weight, n) if weight is not None else g2
+    g = g2 * _affine(weight, n, x2.dtype) if weight is not None else g2
     gx = None
     if need_x:
         mean_g = 0.0 if rms else g.mean(1, keepdim=True)
@@ -57,7 +61,7 @@ def rms_norm(x, weight=None, *, normalized_shape, eps):
     rstd = torch.rsqrt((x2 * x2).mean(1) + eps)
     y = x2 * rstd[:, None]
     if weight is not None:
-        y = y * _affine(weight, n)
+        y = y * _affine(weight, n, x2.dtype)
     return y.to(x.dtype).reshape(x.shape), rstd
 
 
@@ -69,7 +73,7 @@ def rms_norm_backward(gy, x, weight, rstd, *, normalized_shape, need_x=True, nee
 
 
 def _channels(x):
-    return x.reshape(x.shape[0], x.shape[1], -1).float().transpose(0, 1).reshape(x.shape[1], -1)
+    return x.reshape(x.shape[0], x.shape[1], -1).to(_acc(x)).transpose(0, 1).reshape(x.shape[1], -1)
 
 
 @register("batch_norm", "torch")
@@ -81,34 +85,34 @@ def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, n
         var = ((xc - mean[:, None]) ** 2).mean(1)
         if running_mean is not None:
             L = xc.shape[1]
-            running_mean.copy_((1 - momentum) * running_mean.float() + momentum * mean)
-            running_var.copy_((1 - momentum) * running_var.float() + momentum * var * L / max(L - 1, 1))
+            running_mean.copy_((1 - momentum) * running_mean.to(_acc(x)) + momentum * mean)
+            running_var.copy_((1 - momentum) * running_var.to(_acc(x)) + momentum * var * L / max(L - 1, 1))
             if num_batches_tracked is not None:
                 num_batches_tracked.add_(1)
     else:
-        mean, var = running_mean.float().clone(), running_var.float().clone()
+        mean, var = running_mean.to(_acc(x)).clone(), running_var.to(_acc(x)).clone()
     rstd = torch.rsqrt(var + eps)
     shape = (1, -1) + (1,) * (x.dim() - 2)
-    y = (x.float() - mean.reshape(shape)) * rstd.reshape(shape)
+    y = (x.to(_acc(x)) - mean.reshape(shape)) * rstd.reshape(shape)
     if weight is not None:
-        y = y * weight.float().reshape(shape)
+        y = y * weight.to(_acc(x)).reshape(shape)
     if bias is not None:
-        y = y + bias.float().reshape(shape)
+        y = y + bias.to(_acc(x)).reshape(shape)
     return y.to(x.dtype), mean, rstd
 
 
 @register("batch_norm_backward", "torch")
 def batch_norm_backward(gy, x, weight, mean, rstd, *, training, need_x=True):
     shape = (1, -1) + (1,) * (x.dim() - 2)
-    xhat = (x.float() - mean.reshape(shape)) * rstd.reshape(shape)
-    g = gy.float()
+    xhat = (x.to(_acc(x)) - mean.reshape(shape)) * rstd.reshape(shape)
+    g = gy.to(_acc(x))
     dims = [0] + list(range(2, x.dim()))
     db = g.sum(dims)
     dw = (g * xhat).sum(dims)
     gx = None
     if need_x:
         L = x.numel() // x.shape[1]
-        scale = rstd.reshape(shape) * (weight.float().reshape(shape) if weight is not None else 1.0)
+        scale = rstd.reshape(shape) * (weight.to(_acc(x)).reshape(shape) if weight is not None else 1.0)
         if training:
             gx = scale * (g - db.reshape(shape) / L - xhat * dw.reshape(shape) / L)
         else:
