@@ -363,6 +363,8 @@ def test_errors():
         ge2.scatter_add(x, 0, T(idx([[0]])), T(torch.ones(1, 1, dtype=torch.float64, device=DEVICE)))
     with pytest.raises(ValueError, match="cannot be broadcast"):
         x[T(idx(0, 1))] = T(randn(3, 5, seed=34))
+    with pytest.raises(ValueError, match=r"value of shape \[2, 3\] cannot be broadcast to the indexed shape \[2, 1\]"):
+        x[T(idx(0, 1)), 1:2] = T(randn(2, 3, seed=35))
     with pytest.raises(TypeError, match="int64"):
         x.gather(0, T(idx([[0]]).int()))
     with pytest.raises(ValueError, match="index: step must be greater than zero"):

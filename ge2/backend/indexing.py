@@ -43,24 +43,14 @@ def _check_read(op: str, x, *indices, adv_dims, check=None) -> None:
 
 def _check_write(op: str, x, value, *indices, adv_dims, accumulate=False, check=None) -> None:
     _check_adv(op, x, indices, adv_dims)
-    plan_shape = _result_shape(x.shape, adv_dims, tuple(indices[0].shape))
+    plan_shape = K.result_layout(tuple(x.shape), tuple(adv_dims), tuple(indices[0].shape))[2]
     try:
-        torch.broadcast_shapes(tuple(value.shape), plan_shape)
+        fits = tuple(torch.broadcast_shapes(tuple(value.shape), plan_shape)) == plan_shape
     except RuntimeError:
+        fits = False
+    if not fits:
         raise ValueError(f"{op}: value of shape {shape_str(value.shape)} cannot be broadcast to the indexed "
-                         f"shape {shape_str(plan_shape)}") from None
-    if len(value.shape) > len(plan_shape) and any(s != 1 for s in value.shape[:len(value.shape) - len(plan_shape)]):
-        raise ValueError(f"{op}: value of shape {shape_str(value.shape)} has more elements than the indexed "
                          f"shape {shape_str(plan_shape)}")
-
-
-def _result_shape(shape, adv_dims, bshape) -> tuple[int, ...]:
-    K_ = len(adv_dims)
-    adjacent = tuple(adv_dims) == tuple(range(adv_dims[0], adv_dims[0] + K_))
-    rest = [d for d in range(len(shape)) if d not in adv_dims]
-    pre = [d for d in rest if d < adv_dims[0]] if adjacent else []
-    post = [d for d in rest if d not in pre]
-    return tuple(shape[d] for d in pre) + tuple(bshape) + tuple(shape[d] for d in post)
 
 
 def _indices(indices) -> list:

@@ -89,6 +89,17 @@ def one_hot_kernel(idx_ptr, out_ptr, bad_ptr, n, C, BLOCK_I: tl.constexpr, BLOCK
 # ---------------------------------------------------------------------------------------------
 # advanced indexing
 # ---------------------------------------------------------------------------------------------
+def result_layout(shape, adv_dims: tuple[int, ...], bshape) -> tuple[list[int], list[int], tuple[int, ...]]:
+    """(dims before B, dims after B, result shape) of x[adv] by torch's rule: the index shape B replaces
+    the indexed dims where they are adjacent, else comes first."""
+    K = len(adv_dims)
+    adjacent = tuple(adv_dims) == tuple(range(adv_dims[0], adv_dims[0] + K))
+    rest = [d for d in range(len(shape)) if d not in adv_dims]
+    pre = [d for d in rest if d < adv_dims[0]] if adjacent else []
+    post = [d for d in rest if d not in pre]
+    return pre, post, tuple(shape[d] for d in pre) + tuple(bshape) + tuple(shape[d] for d in post)
+
+
 class Plan:
     """Where x[adv] reads: result shape, the [P, B, Q] walk and the index (or offsets) it reads."""
 
@@ -96,13 +107,9 @@ class Plan:
                  bad: torch.Tensor | None):
         K = len(adv_dims)
         bshape = tuple(indices[0].shape)
-        adjacent = adv_dims == tuple(range(adv_dims[0], adv_dims[0] + K))
-        rest = [d for d in range(len(shape)) if d not in adv_dims]
-        pre = [d for d in rest if d < adv_dims[0]] if adjacent else []
-        post = [d for d in rest if d not in pre]
+        pre, post, self.out_shape = result_layout(shape, adv_dims, bshape)
         self.pre = (tuple(shape[d] for d in pre), tuple(strides[d] for d in pre))
         self.post = (tuple(shape[d] for d in post), tuple(strides[d] for d in post))
-        self.out_shape = self.pre[0] + bshape + self.post[0]
         self.B = 1
         for s in bshape:
             self.B *= s
