@@ -27,9 +27,41 @@ PREDICTION = ("per step the persistent kernel reads all of h_prev (B H bytes fro
 
 def _modules(cls: str, hidden: int, dtype: torch.dtype, device):
     ref = getattr(torch.nn, cls)(hidden, hidden).to(device, dtype)
+    ref.flatten_parameters()  # one contiguous weight buffer, as cuDNN wants (else it compacts on every call)
     mod = getattr(nn, cls)(hidden, hidden, device=device, dtype=dtype)
     mod.load_state_dict({k: ge2.from_torch(v.detach()) for k, v in ref.state_dict().items()})
     return mod, ref
+
+
+def _graph_and_parts(name, g_fn, t_fn, mod, x, mode, dtype) -> dict:
+    """CUDA-graph replay times (no host launch cost) of both sides, and of ge2's recurrence kernels alone."""
+    from bench.harness import time_ms
+    from ge2.backend import call
+
+    out = {}
+    for key, fn in (("ge2_graph_ms", g_fn), ("cudnn_graph_ms", t_fn)):
+        try:
+            out[key] = time_ms(fn, 10, 50, cuda_graph=True)
+        except Exception as e:  # noqa: BLE001 (recorded, not fatal)
+            out[key] = f"{type(e).__name__}: {e}"[:120]
+    T, B, H = x.shape
+    ng = K.GATES[mode]
+    gx = torch.randn(T, B, ng * H, device=x.device, dtype=dtype)
+    w = mod.weight_hh_l0.data
+    h0 = torch.zeros(B, H, device=x.device, dtype=dtype)
+    c0 = h0 if mode == 2 else None
+    kname = [k for k, v in K.MODES.items() if v == mode][0]
+    save = name != "forward"
+    res = call("rnn_forward", gx, w, None, h0, c0, None, mode=kname, reverse=False, save=save)
+    out["rec_fwd_ms"] = time_ms(lambda: call("rnn_forward", gx, w, None, h0, c0, None, mode=kname, reverse=False,
+                                            save=save), 10, 50, cuda_graph=True)
+    if save:
+        dy = torch.randn(T, B, H, device=x.device, dtype=dtype)
+        out["rec_bwd_ms"] = time_ms(lambda: call("rnn_backward", dy, h0, c0, w, None, *res[3:], mode=kname,
+                                                 reverse=False), 10, 50, cuda_graph=True)
+    prec = "ieee" if dtype != torch.float32 else ge2.get_matmul_precision()
+    out["block_b"] = "/".join(str(K._BLOCK_B.get((p, H, mode, dtype, B, prec), "-")) for p in ("fwd", "bwd"))
+    return out
 
 
 def main() -> None:
@@ -41,7 +73,7 @@ def main() -> None:
         bench, sizes, T, B = Smoke(), (16,), 3, 2
     else:
         from bench.harness import Bench
-        bench, sizes, T, B = Bench("rnn"), (256, 512, 1024), 128, 64
+        bench, sizes, T, B = Bench("rnn", rep_ms=60), (256, 512, 1024), 128, 64
     dev = ge2.device()
     ge2.set_matmul_precision("tf32")
     for cls in ("LSTM", "GRU"):
@@ -74,8 +106,12 @@ def main() -> None:
                     out.sum().backward()
 
                 labels = dict(layer=cls, dtype=str(dtype).split(".")[-1], hidden=hidden, T=T, B=B, path=paths)
-                bench.add({**labels, "pass": "forward"}, ge2=ge2_fwd, cudnn=torch_fwd)
-                bench.add({**labels, "pass": "fwd+bwd"}, ge2=ge2_train, cudnn=torch_train)
+                for name, g_fn, t_fn in (("forward", ge2_fwd, torch_fwd), ("fwd+bwd", ge2_train, torch_train)):
+                    try:
+                        extra = {} if args.smoke else _graph_and_parts(name, g_fn, t_fn, mod, x, mode, dtype)
+                    except Exception as e:  # noqa: BLE001 (the eager row still counts)
+                        extra = {"parts_error": f"{type(e).__name__}: {e}"[:160]}
+                    bench.add({**labels, "pass": name, **extra}, ge2=g_fn, cudnn=t_fn)
     bench.report(prediction=PREDICTION, ge2_fp32_precision="tf32",
                  cudnn_allow_tf32=bool(torch.backends.cudnn.allow_tf32), targets=">= 1.0x cuDNN at hidden <= 512, "
                  ">= 0.8x at 1024 (ratio_cudnn = cuDNN ms / ge2 ms)")

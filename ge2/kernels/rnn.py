@@ -47,7 +47,6 @@ SAVED = {0: 1, 1: 1, 2: 4, 3: 4}  # saved slots per unit (gru keeps hn = W_hn h 
 # A persistent program holds its W_hh tile in registers; 32K 32-bit registers is half an SM's file,
 # 64 per thread at 16 warps. Bigger tiles would spill to local memory every step: stepwise instead.
 TILE_REGS = 32 * 1024
-_NO_FIT: set[tuple] = set()  # (pass, H, mode, dtype) whose persistent kernel failed to compile for lack of resources
 
 
 # ----------------------------------------------------------------------------------------------
@@ -435,12 +434,29 @@ def persistent_plan(H: int, mode: int, dtype: torch.dtype, device: torch.device,
     return grid, bh, bk, warps
 
 
-def _block_b(B: int, bk: int, dtype: torch.dtype, rows: int = 1) -> int:
-    """Batch rows per dot: the streamed operand [rows * K, BB] stays within 16K elements."""
+def _block_b(B: int, bk: int, rows: int = 1) -> int:
+    """Batch rows per dot: the streamed h (or dgates) operand [rows K, BB] within 16K elements (64 a thread)."""
     bb = 16
     while bb < min(64, _pow2(B)) and rows * bk * bb * 2 <= 16384:
         bb *= 2
     return bb
+
+
+_BLOCK_B: dict[tuple, int] = {}  # (pass, H, mode, dtype, B, precision) -> BLOCK_B that compiled; 0: none did
+
+
+def _launch_persistent(kernel, key: tuple, bb: int, grid: int, *args, **meta) -> bool:
+    """Launch with the largest BLOCK_B <= bb whose shared memory fits (halving on OutOfResources); False if none."""
+    bb = _BLOCK_B.get(key, bb)
+    while bb >= 16:
+        try:
+            kernel[(grid,)](*args, **meta, BLOCK_B=bb)
+            _BLOCK_B[key] = bb
+            return True
+        except OutOfResources:
+            bb //= 2
+    _BLOCK_B[key] = 0
+    return False
 
 
 def rnn_forward(gx: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor | None, h0: torch.Tensor,
@@ -455,8 +471,8 @@ def rnn_forward(gx: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor | None,
     H = w_hh.shape[1]
     dev, dt = gx.device, gx.dtype
     lstm = mode == 2
-    plan = None if path == "stepwise" or ("fwd", H, mode, dt) in _NO_FIT else \
-        persistent_plan(H, mode, dt, dev, backward=False)
+    key = ("fwd", H, mode, dt, B, _precision(dt))
+    plan = None if path == "stepwise" or _BLOCK_B.get(key) == 0 else persistent_plan(H, mode, dt, dev, backward=False)
     if path == "persistent" and plan is None:
         raise ValueError(f"rnn: the persistent kernel does not fit hidden_size {H} on this device")
     gx, w_hh = gx.contiguous(), w_hh.contiguous()
@@ -482,14 +498,12 @@ def rnn_forward(gx: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor | None,
     elif plan is not None:
         grid, bh, bk, warps = plan
         sync = torch.zeros(1, dtype=torch.int32, device=dev)
-        try:
-            rnn_fwd_persistent_kernel[(grid,)](gx, w_hh, bias, hbuf, cbuf, lens, y, hn, cn if lstm else hn, hp, cp,
-                                               sv, sync, T, B, H, **flags, BLOCK_H=bh, BLOCK_B=_block_b(B, bk, dt),
-                                               BLOCK_K=bk, PRECISION=_precision(dt), num_warps=warps)
-        except OutOfResources:  # the compiler could not fit the tile after all: take the stepwise path
-            _NO_FIT.add(("fwd", H, mode, dt))
+        ok = _launch_persistent(rnn_fwd_persistent_kernel, key, _block_b(B, bk), grid, gx, w_hh, bias, hbuf, cbuf,
+                                lens, y, hn, cn if lstm else hn, hp, cp, sv, sync, T, B, H, **flags, BLOCK_H=bh,
+                                BLOCK_K=bk, PRECISION=_precision(dt), num_warps=warps)
+        if not ok:  # the compiler could not fit even the smallest tiles: take the stepwise path
             if path == "persistent":
-                raise
+                raise ValueError(f"rnn: the persistent kernel does not fit hidden_size {H} ({dt}) in shared memory")
             return rnn_forward(gx, w_hh, b_hh, h0, c0, lengths, mode=mode, reverse=reverse, save=save,
                                path="stepwise")
     else:
@@ -515,8 +529,8 @@ def rnn_backward(dy: torch.Tensor, dhn: torch.Tensor, dcn: torch.Tensor | None, 
     dev, dt = dy.device, w_hh.dtype
     ng = GATES[mode]
     lstm, gru = mode == 2, mode == 3
-    plan = None if path == "stepwise" or ("bwd", H, mode, dt) in _NO_FIT else \
-        persistent_plan(H, mode, dt, dev, backward=True)
+    key = ("bwd", H, mode, dt, B, _precision(dt))
+    plan = None if path == "stepwise" or _BLOCK_B.get(key) == 0 else persistent_plan(H, mode, dt, dev, backward=True)
     if path == "persistent" and plan is None:
         raise ValueError(f"rnn: the persistent backward kernel does not fit hidden_size {H} on this device")
     dy, w_hh = dy.contiguous(), w_hh.contiguous()
@@ -540,15 +554,13 @@ def rnn_backward(dy: torch.Tensor, dhn: torch.Tensor, dcn: torch.Tensor | None, 
     elif plan is not None:
         grid, bh, bk, warps = plan
         sync = torch.zeros(1, dtype=torch.int32, device=dev)
-        try:
-            rnn_bwd_persistent_kernel[(grid,)](w_hh, lens, dy, hp, cp_, sv, dhc, dcc, dgh, dgx, dgbuf, dh0,
-                                               dc0 if lstm else dh0, sync, T, B, H, **flags, BLOCK_H=bh,
-                                               BLOCK_B=_block_b(B, bk, dt, ng), BLOCK_K=bk,
-                                               PRECISION=_precision(dt), num_warps=warps)
-        except OutOfResources:
-            _NO_FIT.add(("bwd", H, mode, dt))
+        ok = _launch_persistent(rnn_bwd_persistent_kernel, key, _block_b(B, bk, ng), grid, w_hh, lens, dy, hp, cp_,
+                                sv, dhc, dcc, dgh, dgx, dgbuf, dh0, dc0 if lstm else dh0, sync, T, B, H, **flags,
+                                BLOCK_H=bh, BLOCK_K=bk, PRECISION=_precision(dt), num_warps=warps)
+        if not ok:
             if path == "persistent":
-                raise
+                raise ValueError(f"rnn: the persistent backward kernel does not fit hidden_size {H} ({dt}) in "
+                                 "shared memory")
             return rnn_backward(dy, dhn, dcn, w_hh, lengths, hp, cp, sv, mode=mode, reverse=reverse,
                                 path="stepwise")
     else:
