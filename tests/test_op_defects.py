@@ -308,3 +308,22 @@ def test_losses_are_fp32_under_autocast():
     assert rel_error(loss.data, ref) < 2e-2  # bf16 operands, fp32 loss
     loss.backward()
     assert gx.grad.dtype == torch.float32 and gW.grad.dtype == torch.float32
+
+
+def test_memory_format_on_casts_to_and_contiguous():
+    x0 = randn(2, 3, 4, 5, seed=99)
+    x = _g(x0)
+    y = x.to(F64, memory_format=torch.channels_last)
+    assert y.dtype == F64 and y.data.is_contiguous(memory_format=torch.channels_last)
+    cl = x.contiguous(memory_format=torch.channels_last)
+    assert cl.is_contiguous(memory_format=torch.channels_last) and torch.equal(cl.data, x0)
+    # preserve_format (the default) keeps a dense input's strides, as torch's casts do
+    assert cl.half().data.stride() == x0.half().contiguous(memory_format=torch.channels_last).stride()
+    assert x.float(memory_format=torch.channels_last).is_contiguous(memory_format=torch.channels_last)
+    assert x.to(memory_format=torch.contiguous_format) is x and cl.contiguous().data.is_contiguous()
+    (y.sum() + cl.sum() * 2.0 + cl.half().float().sum()).backward()
+    assert torch.equal(x.grad.data, torch.full_like(x0, 4.0))
+    with pytest.raises(ValueError, match=r"to: torch.channels_last needs a 4-D tensor, got shape \[3, 4\]"):
+        _g(randn(3, 4, seed=100), False).to(memory_format=torch.channels_last)
+    with pytest.raises(TypeError, match="contiguous: memory_format must be a torch.memory_format"):
+        x.contiguous(memory_format="channels_last")

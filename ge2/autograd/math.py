@@ -529,11 +529,10 @@ class Copy(Function):
     """clone / contiguous / dtype and device casts: a copy whose gradient is copied back."""
 
     @staticmethod
-    def forward(ctx, x, dtype, device, contiguous_only):
+    def forward(ctx, x, dtype, device, memory_format):
         ctx.dtype, ctx.device = x.dtype, x.device
-        if contiguous_only:
-            return x.contiguous()
-        out = torch.empty(x.shape, dtype=dtype, device=device)
+        # torch's rule: preserve_format keeps a dense input's strides, else the named layout
+        out = torch.empty_like(x, dtype=dtype, device=device, memory_format=memory_format)
         out.copy_(x)
         return out
 
@@ -654,22 +653,39 @@ def index(x: Tensor, key) -> Tensor:
         raise IndexError(f"index: {e} (tensor shape {list(x.shape)})") from None
 
 
-def to(x: Tensor, device=None, dtype: torch.dtype | None = None) -> Tensor:
+def _check_memory_format(op: str, x: Tensor, memory_format) -> None:
+    if not isinstance(memory_format, torch.memory_format):
+        raise TypeError(f"{op}: memory_format must be a torch.memory_format (torch.contiguous_format, "
+                        f"torch.preserve_format, torch.channels_last, ...), got {memory_format!r}")
+    need = {torch.channels_last: 4, torch.channels_last_3d: 5}.get(memory_format)
+    if need is not None and x.ndim != need:
+        raise ValueError(f"{op}: {memory_format} needs a {need}-D tensor, got shape {shape_str(x.shape)}")
+
+
+def to(x: Tensor, device=None, dtype: torch.dtype | None = None, memory_format=torch.preserve_format) -> Tensor:
+    """x on ``device`` in ``dtype`` and ``memory_format`` (torch's rules: x itself when nothing changes)."""
     from ge2.autograd.tensor import _resolve
 
+    _check_memory_format("to", x, memory_format)
     dev = x.device if device is None else _resolve(device)
     dt = x.dtype if dtype is None else dtype
-    if dev == x.device and dt == x.dtype:
+    if dev == x.device and dt == x.dtype and (memory_format == torch.preserve_format
+                                              or x.data.is_contiguous(memory_format=memory_format)):
         return x
-    return Copy.apply(x, dt, dev, False)
+    return Copy.apply(x, dt, dev, memory_format)
 
 
-def clone(x: Tensor) -> Tensor:
-    return Copy.apply(x, x.dtype, x.device, False)
+def clone(x: Tensor, memory_format=torch.preserve_format) -> Tensor:
+    _check_memory_format("clone", x, memory_format)
+    return Copy.apply(x, x.dtype, x.device, memory_format)
 
 
-def contiguous(x: Tensor) -> Tensor:
-    return x if x.is_contiguous() else Copy.apply(x, x.dtype, x.device, True)
+def contiguous(x: Tensor, memory_format=torch.contiguous_format) -> Tensor:
+    _check_memory_format("contiguous", x, memory_format)
+    if memory_format == torch.preserve_format:
+        raise ValueError("contiguous: memory_format=torch.preserve_format is not a layout to make contiguous "
+                         "(torch refuses it too)")
+    return x if x.data.is_contiguous(memory_format=memory_format) else Copy.apply(x, x.dtype, x.device, memory_format)
 
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
@@ -1103,9 +1119,9 @@ def _install_methods() -> None:
     T.mT = property(lambda self: transpose(self, -2, -1))
     T.__getitem__ = index
 
-    def to_method(self, *args, **kwargs):
+    def to_method(self, *args, memory_format=torch.preserve_format, **kwargs):
         device, dtype = parse_to_args(args, kwargs)
-        return to(self, device=device, dtype=dtype)
+        return to(self, device=device, dtype=dtype, memory_format=memory_format)
 
     T.to = to_method
 

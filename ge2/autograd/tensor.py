@@ -178,8 +178,8 @@ class Tensor:
     def stride(self, dim: int | None = None):
         return self.data.stride() if dim is None else self.data.stride(dim)
 
-    def is_contiguous(self) -> bool:
-        return self.data.is_contiguous()
+    def is_contiguous(self, memory_format=torch.contiguous_format) -> bool:
+        return self.data.is_contiguous(memory_format=memory_format)
 
     def element_size(self) -> int:
         return self.data.element_size()
@@ -275,26 +275,26 @@ class Tensor:
     def cuda(self) -> "Tensor":
         return self.to("cuda")
 
-    def float(self) -> "Tensor":
-        return self.to(torch.float32)
+    def float(self, memory_format=torch.preserve_format) -> "Tensor":
+        return self.to(torch.float32, memory_format=memory_format)
 
-    def double(self) -> "Tensor":
-        return self.to(torch.float64)
+    def double(self, memory_format=torch.preserve_format) -> "Tensor":
+        return self.to(torch.float64, memory_format=memory_format)
 
-    def half(self) -> "Tensor":
-        return self.to(torch.float16)
+    def half(self, memory_format=torch.preserve_format) -> "Tensor":
+        return self.to(torch.float16, memory_format=memory_format)
 
-    def bfloat16(self) -> "Tensor":
-        return self.to(torch.bfloat16)
+    def bfloat16(self, memory_format=torch.preserve_format) -> "Tensor":
+        return self.to(torch.bfloat16, memory_format=memory_format)
 
-    def long(self) -> "Tensor":
-        return self.to(torch.int64)
+    def long(self, memory_format=torch.preserve_format) -> "Tensor":
+        return self.to(torch.int64, memory_format=memory_format)
 
-    def int(self) -> "Tensor":
-        return self.to(torch.int32)
+    def int(self, memory_format=torch.preserve_format) -> "Tensor":
+        return self.to(torch.int32, memory_format=memory_format)
 
-    def bool(self) -> "Tensor":
-        return self.to(torch.bool)
+    def bool(self, memory_format=torch.preserve_format) -> "Tensor":
+        return self.to(torch.bool, memory_format=memory_format)
 
     def type_as(self, other: "Tensor") -> "Tensor":
         return self.to(other.dtype)
