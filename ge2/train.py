@@ -138,6 +138,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from ge2 import train_gpt
 
         return train_gpt.run(args)
+    if args.model == "lstm":
+        from ge2 import train_lstm
+
+        return train_lstm.run(args)
     args.batch_size = args.batch_size or 64
     args.out = args.out or "runs/train"
     try:
@@ -228,7 +232,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``ge2 train`` options."""
-    p.add_argument("--model", choices=("mlp", "cnn", "gpt"), default="mlp",
+    p.add_argument("--model", choices=("mlp", "cnn", "gpt", "lstm"), default="mlp",
                    help="gpt: a byte-level GPT on a text corpus (docs/gpt.md)")
     p.add_argument("--dataset", choices=("digits",), default="digits")
     p.add_argument("--epochs", type=int, default=6)
