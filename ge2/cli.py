@@ -47,6 +47,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ge2 autotune: {e}", file=sys.stderr)
             return 2
     elif args.command == "train":
+        if args.nproc:  # relaunch as N ranks through torch's launcher, without --nproc
+            from ge2 import distributed
+
+            given = list(sys.argv[1:] if argv is None else argv)
+            keep = [a for i, a in enumerate(given) if not (a == "--nproc" or a.startswith("--nproc=")
+                                                           or (i > 0 and given[i - 1] == "--nproc"))]
+            return distributed.spawn(args.nproc, ["ge2", *keep])
         try:
             train_module.run(args)
         except train_module.TrainSetupError as e:

@@ -8,6 +8,7 @@ outside the training step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -133,7 +134,25 @@ def _plot(log: dict[str, Any], path: str) -> str | None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Train as configured by the parsed ``ge2 train`` options; writes DIR/log.json and DIR/curves.png."""
+    """Train as configured by the parsed ``ge2 train`` options; writes DIR/log.json and DIR/curves.png.
+
+    Started by torchrun (or ``ge2 train --nproc N``, which calls it), each rank joins the process group,
+    trains its rows of every global batch through DistributedDataParallel, and only rank 0 prints and
+    writes files."""
+    if not ge2.distributed.launched_by_torchrun() or ge2.distributed.is_initialized():
+        return _run(args)
+    ge2.distributed.init_process_group()
+    try:
+        if ge2.distributed.is_main_process():
+            return _run(args)
+        args.progress = False
+        with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+            return _run(args)
+    finally:
+        ge2.distributed.destroy_process_group()
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
     if args.model == "gpt":
         from ge2 import train_gpt
 
@@ -160,7 +179,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with ge2.use_backend(args.backend):
         model = build_model(args.model, hidden=args.hidden).to(device)
         opt = build_optimizer(args.optimizer, model.parameters(), lr)
-        train_loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, seed=args.seed, device=device)
+        train_loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, seed=args.seed, device=device,
+                                  drop_last=ge2.distributed.get_world_size() > 1)  # rows split evenly over ranks
         test_loader = DataLoader(test_set, batch_size=512, device=device)
         sched = CosineAnnealingLR(opt, T_max=max(args.epochs * len(train_loader), 1))
         criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
@@ -172,8 +192,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "steps_per_epoch": len(train_loader), "epochs": [], "step_losses": [],
         }
 
+        net = ge2.distributed.wrap(model)  # several ranks: DistributedDataParallel
+
         def train_step(x: ge2.Tensor, y: ge2.Tensor) -> ge2.Tensor:
-            loss = criterion(model(x), y)
+            loss = criterion(net(x), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -193,10 +215,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                      args.progress)
             losses, seen = [], 0
             for i, (x, y) in enumerate(batches):
+                seen += y.shape[0]
+                x, y = ge2.distributed.shard(x), ge2.distributed.shard(y)  # this rank's rows of the global batch
                 loss = step(x, y)
                 sched.step()  # outside the step: a captured graph reads the lr from the device
                 losses.append(loss.detach().clone())  # a replay overwrites its output buffer
-                seen += y.shape[0]
                 if bar is not None and (i % 10 == 0 or i == len(train_loader) - 1):
                     bar.set_postfix(loss=f"{losses[-1].item():.4f}",
                                     samples_s=f"{seen / (time.perf_counter() - t0):.0f}")
@@ -220,6 +243,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"captured steps: {step.replays} replays of {step.captures} CUDA graph(s) "
               f"(one per batch shape; the first calls of each ran eagerly)" if step.captured
               else "captured steps: none (no GPU: every step ran eagerly)")
+    if not ge2.distributed.is_main_process():
+        return log
     with open(os.path.join(args.out, "log.json"), "w") as f:
         json.dump(log, f, indent=1)
     note = _plot(log, os.path.join(args.out, "curves.png")) if log["epochs"] else "no epochs: no curves.png"
@@ -249,6 +274,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--capture", action="store_true",
                    help="replay each training step from a CUDA graph (ge2.capture): one launch per step")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no tqdm progress bar")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="data-parallel over N ranks (one per GPU; gloo on CPUs): the same as torchrun "
+                        "--nproc-per-node N -m ge2 train ...; --batch-size stays the global batch")
     from ge2 import train_gpt
 
     train_gpt.add_arguments(p)
