@@ -156,8 +156,8 @@ def spawn(nproc: int, module_args: list[str]) -> int:
     try:
         run(args)
     except ChildFailedError as e:
-        failures = "; ".join(f"rank {f.global_rank} exited with code {f.exitcode}" + (f" ({f.message})" if f.message else "")
-                             for f in e.failures.values())
+        failures = "; ".join(f"rank {rank} exited with code {f.exitcode}" + (f" ({f.message})" if f.message else "")
+                             for rank, f in e.failures.items())
         print(f"ge2: a rank failed, the others were stopped: {failures}", file=sys.stderr)
         return 1
     return 0
