@@ -87,6 +87,11 @@ from ge2.autograd.math import (  # noqa: F401  (pointwise math)
     log2, logical_and, logical_not, logical_or, logical_xor, maximum, minimum, nan_to_num, reciprocal, remainder,
     round, rsqrt, sign, sin, square, trunc,
 )
+from ge2.autograd.reduction import (  # noqa: F401  (reductions, scans, sorting, multinomial)
+    all, amin, any, argmax, argmin, argsort, cumprod, cumsum, kthvalue, logcumsumexp, logsumexp, median, min,
+    multinomial, norm, prod, sort, std, topk, unique, var,
+)
+from ge2 import linalg  # noqa: F401,E402
 from ge2.autograd.indexing import (  # noqa: F401
     check_pending_indices,
     gather,

@@ -315,7 +315,7 @@ class Mean(Function):
         ctx.shape = tuple(x.shape)
         ctx.dims = normalize_dims("mean", dims, x.dim())
         ctx.count = 1
-        for d in ctx.dims:
+        for d in ctx.dims if x.dim() else ():  # a 0-d x takes dim 0 / -1 and is its own mean
             ctx.count *= x.shape[d]
         return call("mean", x, dims=dims, keepdim=keepdim)
 

@@ -25,6 +25,7 @@ from ge2.backend import softmax, losses  # noqa: F401,E402
 from ge2.backend import conv, pool  # noqa: F401,E402
 from ge2.backend import attention  # noqa: F401,E402
 from ge2.backend import sampling  # noqa: F401,E402
+from ge2.backend import scan, sort  # noqa: F401,E402
 from ge2.backend import rnn  # noqa: F401,E402
 from ge2.backend import indexing, scatter  # noqa: F401,E402
 from ge2.backend import layout, resample  # noqa: F401,E402

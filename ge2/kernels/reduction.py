@@ -78,6 +78,7 @@ _OUTER_CONFIGS = [
 ]
 # Under the interpreter (no tuning) large tiles keep the program and loop counts, its cost, low.
 _INTERPRETER_CONFIG = triton.Config({"BLOCK_M": 128, "BLOCK_N": 256}, num_warps=4)
+_INTERPRETER_PROD_CONFIG = triton.Config({"BLOCK_M": 16, "BLOCK_N": 8}, num_warps=4)
 
 
 def _prune(configs, named_args, **kwargs):
@@ -308,6 +309,8 @@ def _launch(x, M, N, m_side, n_side, op, acc, out, index_out=None, index_in=None
         _reduce_kernel[grid](*args, **constexprs)
     else:  # never tuned: skip the autotuner's per-call bookkeeping, take the config it would pin
         config = _INTERPRETER_CONFIG if INTERPRETER else (_INNER_CONFIGS if inner else _OUTER_CONFIGS)[0]
+        if INTERPRETER and op == PROD:  # the interpreter multiplies a tile's lanes one by one: keep tiles small
+            config = _INTERPRETER_PROD_CONFIG
         _reduce_kernel.fn[grid](*args, **constexprs, **config.all_kwargs())
 
 

@@ -6,8 +6,8 @@ ints and bool scan to int64 (like torch's cumsum/cumprod), floats keep their dty
 fp32 for fp16/bf16/fp32 (fp64 for fp64, int64 for integers).
 
 Every scan is a set of rows [M, N] (the scanned dim last; other layouts are viewed as rows when
-their dims merge, copied otherwise). A program scans one segment of a row tile by tile with
-``tl.associative_scan``, carrying the running total from tile to tile. Rows long enough that M
+their dims merge, copied otherwise). A program scans one segment of a row (of several short rows) tile by
+tile (``tl.cumsum``/``tl.cumprod``/``tl.associative_scan``), carrying the running total from tile to tile. Rows long enough that M
 programs would leave the GPU idle (a few rows of 1M) are cut into segments scanned in parallel:
 pass 1 reduces every segment to its total, pass 2 scans those totals per row (the same kernel on a
 [M, S] array), pass 3 rescans each segment starting from the scanned total of the segments before
@@ -32,21 +32,12 @@ from ge2.runtime import cdiv
 SUM, PROD, LOGSUMEXP = (tl.constexpr(i) for i in range(3))
 _OPS = {"sum": SUM, "prod": PROD, "logsumexp": LOGSUMEXP}
 _ACC = {torch.float64: tl.float64, torch.float32: tl.float32, torch.float16: tl.float32, torch.bfloat16: tl.float32}
+_TORCH_ACC = {tl.float64: torch.float64, tl.float32: torch.float32, tl.int64: torch.int64}
 
 BLOCK = 1024
 # Rows are cut into segments when fewer than this many programs would run (module-level so tests
 # can exercise the segmented path on small inputs).
 MIN_PROGRAMS = None
-
-
-@triton.jit
-def _add(a, b):
-    return a + b
-
-
-@triton.jit
-def _multiply(a, b):
-    return a * b
 
 
 @triton.jit
@@ -67,69 +58,61 @@ def _combine(a, b, OP: tl.constexpr):
 
 
 @triton.jit
-def _identity(OP: tl.constexpr, ACC: tl.constexpr):
+def _identity(OP: tl.constexpr, ACC: tl.constexpr, ROWS: tl.constexpr):
     if OP == SUM:
-        return tl.zeros([1], ACC)
+        return tl.zeros([ROWS], ACC)
     elif OP == PROD:
-        return tl.full([1], 1, ACC)
+        return tl.full([ROWS], 1, ACC)
     else:
-        return tl.full([1], float("-inf"), ACC)
+        return tl.full([ROWS], float("-inf"), ACC)
 
 
 @triton.jit
 def _scan_tile(x, OP: tl.constexpr):
+    # tl.cumsum / tl.cumprod: the interpreter runs these as NumPy scans, a custom combine element by element
     if OP == SUM:
-        return tl.associative_scan(x, 0, _add)
+        return tl.cumsum(x, 1)
     elif OP == PROD:
-        return tl.associative_scan(x, 0, _multiply)
+        return tl.cumprod(x, 1)
     else:
-        return tl.associative_scan(x, 0, _log_add_exp)
-
-
-@triton.jit
-def _reduce_tile(x, OP: tl.constexpr):
-    if OP == SUM:
-        return tl.sum(x, axis=0)
-    elif OP == PROD:
-        return tl.reduce(x, 0, _multiply)
-    else:
-        return tl.reduce(x, 0, _log_add_exp)
+        return tl.associative_scan(x, 1, _log_add_exp)
 
 
 @triton.jit
 def _scan_kernel(
-    x_ptr, y_ptr, carry_ptr, N, segment, stride_xm, stride_xn, stride_ym, stride_cm,
+    x_ptr, y_ptr, carry_ptr, M, N, segment, stride_xm, stride_xn, stride_ym, stride_cm,
     OP: tl.constexpr, ACC: tl.constexpr, REVERSE: tl.constexpr, TOTAL_ONLY: tl.constexpr,
-    HAS_CARRY: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_CARRY: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """Scan logical columns [s * segment, (s + 1) * segment) of row m (program (m, s)).
+    """Scan logical columns [s * segment, (s + 1) * segment) of ROWS rows (program (row block, s)).
 
-    TOTAL_ONLY: write only the segment's total, to y[m, s]. HAS_CARRY: start from carry[m, s - 1]
+    TOTAL_ONLY: write only each row's segment total, to y[m, s]. HAS_CARRY: start from carry[m, s - 1]
     (the combined totals of the segments before) instead of the identity.
     """
-    row = tl.program_id(0).to(tl.int64)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_live = rows < M
     seg = tl.program_id(1)
     start = seg.to(tl.int64) * segment
     end = tl.minimum(start + segment, N)
-    carry = _identity(OP, ACC)
+    identity = _identity(OP, ACC, ROWS)
+    carry = identity
     if HAS_CARRY:
         if seg > 0:
-            carry = tl.load(carry_ptr + row * stride_cm + seg - 1 + tl.zeros([1], tl.int32)).to(ACC)
+            carry = tl.load(carry_ptr + rows * stride_cm + seg - 1, mask=row_live, other=0).to(ACC)
     for tile in range(start, end, BLOCK):
         cols = tile + tl.arange(0, BLOCK)
-        live = cols < end
+        live = row_live[:, None] & (cols < end)[None, :]
         mem = (N - 1 - cols) if REVERSE else cols
-        x = tl.load(x_ptr + row * stride_xm + mem * stride_xn, mask=live, other=0).to(ACC)
-        x = tl.where(live, x, _identity(OP, ACC))
-        if TOTAL_ONLY:
-            carry = _combine(carry, _reduce_tile(x, OP), OP)
-        else:
-            y = _combine(carry, _scan_tile(x, OP), OP)
-            tl.store(y_ptr + row * stride_ym + mem, y.to(y_ptr.dtype.element_ty), mask=live)
-            # the tile's last valid column holds the running total
-            carry = _combine(carry, _reduce_tile(x, OP), OP)
+        x = tl.load(x_ptr + rows[:, None] * stride_xm + mem[None, :] * stride_xn, mask=live, other=0).to(ACC)
+        x = tl.where(live, x, identity[:, None])
+        y = _combine(carry[:, None], _scan_tile(x, OP), OP)
+        if not TOTAL_ONLY:
+            tl.store(y_ptr + rows[:, None] * stride_ym + mem[None, :], y.to(y_ptr.dtype.element_ty), mask=live)
+        # the running total is the scan at the tile's last column (a masked sum picks it out)
+        last = tl.minimum(end, tile + BLOCK) - 1
+        carry = tl.sum(tl.where((cols == last)[None, :], y, 0), axis=1)
     if TOTAL_ONLY:
-        tl.store(y_ptr + row * stride_ym + seg + tl.arange(0, 1), carry.to(y_ptr.dtype.element_ty))
+        tl.store(y_ptr + rows * stride_ym + seg, carry.to(y_ptr.dtype.element_ty), mask=row_live)
 
 
 @functools.lru_cache(maxsize=None)
@@ -143,22 +126,25 @@ def _launch(x2, y2, op, acc, reverse, M, N):
     """Scan the rows of x2 [M, N] (any strides) into y2 [M, N] (contiguous rows)."""
     target = MIN_PROGRAMS or _min_programs(x2.device.index if x2.device.type == "cuda" else None)
     segments = 1 if M >= target else min(cdiv(target, M), cdiv(N, BLOCK))
-    common = dict(OP=op, ACC=acc, REVERSE=reverse, BLOCK=BLOCK, num_warps=4)
     if segments <= 1:
-        _scan_kernel[(M, 1)](x2, y2, y2, N, N, x2.stride(0), x2.stride(1), y2.stride(0), 0,
-                             TOTAL_ONLY=False, HAS_CARRY=False, **common)
+        _rows_launch(x2, y2, y2, M, N, N, 1, y2.stride(0), 0, op, acc, reverse, False, False)
         return
     segment = cdiv(cdiv(N, segments), BLOCK) * BLOCK
     segments = cdiv(N, segment)
-    totals = torch.empty((M, segments), dtype=torch.float64 if acc == tl.float64 else
-                         (torch.float32 if acc == tl.float32 else torch.int64), device=x2.device)
-    _scan_kernel[(M, segments)](x2, totals, totals, N, segment, x2.stride(0), x2.stride(1), segments, 0,
-                                TOTAL_ONLY=True, HAS_CARRY=False, **common)
+    totals = torch.empty((M, segments), dtype=_TORCH_ACC[acc], device=x2.device)
+    _rows_launch(x2, totals, totals, M, N, segment, segments, segments, 0, op, acc, reverse, True, False)
     # The segment totals are in logical order (reversed already when reverse): scan them forward.
-    _scan_kernel[(M, 1)](totals, totals, totals, segments, segments, segments, 1, segments, 0,
-                         OP=op, ACC=acc, REVERSE=False, TOTAL_ONLY=False, HAS_CARRY=False, BLOCK=BLOCK, num_warps=4)
-    _scan_kernel[(M, segments)](x2, y2, totals, N, segment, x2.stride(0), x2.stride(1), y2.stride(0), segments,
-                                TOTAL_ONLY=False, HAS_CARRY=True, **common)
+    _rows_launch(totals, totals, totals, M, segments, segments, 1, segments, 0, op, acc, False, False, False)
+    _rows_launch(x2, y2, totals, M, N, segment, segments, y2.stride(0), segments, op, acc, reverse, False, True)
+
+
+def _rows_launch(x2, y2, carry, M, N, segment, segments, stride_ym, stride_cm, op, acc, reverse, total_only, has_carry):
+    # Short rows share a program (ROWS of them), so a tile holds about BLOCK elements either way.
+    block = min(BLOCK, triton.next_power_of_2(min(N, segment)))
+    rows = min(BLOCK // block, triton.next_power_of_2(M))
+    _scan_kernel[(cdiv(M, rows), segments)](
+        x2, y2, carry, M, N, segment, x2.stride(0), x2.stride(1), stride_ym, stride_cm, OP=op, ACC=acc,
+        REVERSE=reverse, TOTAL_ONLY=total_only, HAS_CARRY=has_carry, ROWS=rows, BLOCK=block, num_warps=4)
 
 
 def scan(x: torch.Tensor, *, dim: int, op: str, reverse: bool = False) -> torch.Tensor:

@@ -18,7 +18,8 @@ the element's index, so (key, index) pairs are unique and the sort is stable in 
 **Rows of any length.** A row is cut into tiles. Pass 1 sorts each tile in registers: for keys of
 32 bits (fp32/fp16/bf16 and the small integers) the pair packs into one int64 (key << 32 | index)
 and ``tl.sort`` sorts TILE of them; 64-bit keys (fp64, int64) are ranked by counting, in tiles of
-RANK_TILE (each element's rank is how many pairs of its tile are smaller). Then sorted runs are
+RANK_TILE (each element's rank is how many pairs of its tile are smaller). Under the interpreter
+every tile is ranked (its tl.sort is an element-by-element loop). Then sorted runs are
 merged pairwise, log2(N / TILE) passes: every element finds its place in the merged run as its
 index in its own run plus the number of smaller pairs in the partner run (a binary search), so a
 pass is one fully parallel launch with no shared state, and rows of 32k or 128k elements work the
@@ -40,13 +41,16 @@ import triton
 import triton.language as tl
 
 from ge2.kernels import scan as scan_kernels
-from ge2.runtime import cdiv
+from ge2.runtime import INTERPRETER, cdiv
 
 TILE = 1024       # pass-1 tile of packed 32-bit keys (tl.sort on a power of two)
 RANK_TILE = 64    # pass-1 tile of 64-bit keys, ranked by a [RANK_TILE, RANK_TILE] comparison
 BLOCK = 1024      # elements per program of the merge, gather and scatter passes
 _INT64_MAX = tl.constexpr(2**63 - 1)
 _WIDE_KEYS = (torch.float64, torch.int64)
+# tl.sort for 32-bit keys. The interpreter runs its compare-and-swap network element by element
+# (seconds per tile), so there every tile is ranked instead; tests switch it on for one case.
+PACKED_SORT = not INTERPRETER
 
 
 # ---------------------------------------------------------------------------------------------
@@ -77,42 +81,42 @@ def order_key(x, DESCENDING: tl.constexpr):
 # Pass 1: sorted tiles (capped at CAP elements each)
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _tile_sort_kernel(x_ptr, key_ptr, index_ptr, N, L, stride_xm, stride_xn,
-                      DESCENDING: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr):
-    """Sort tile t of row m (32-bit keys packed with their index) -> its first CAP pairs at [m, t * CAP]."""
-    row = tl.program_id(1).to(tl.int64)
+def _tile_sort_kernel(x_ptr, key_ptr, index_ptr, M, N, L, stride_xm, stride_xn,
+                      DESCENDING: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr):
+    """Sort tile t of ROWS rows (32-bit keys packed with their index) -> each row's first CAP pairs at [m, t * CAP]."""
+    rows = tl.program_id(1).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     tile = tl.program_id(0)
     cols = tile * TILE + tl.arange(0, TILE)
-    live = cols < N
-    x = tl.load(x_ptr + row * stride_xm + cols.to(tl.int64) * stride_xn, mask=live, other=0)
-    packed = (order_key(x, DESCENDING) << 32) | cols.to(tl.int64)
+    live = (rows < M)[:, None] & (cols < N)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols.to(tl.int64)[None, :] * stride_xn, mask=live, other=0)
+    packed = (order_key(x, DESCENDING) << 32) | cols.to(tl.int64)[None, :]
     packed = tl.where(live, packed, _INT64_MAX)  # padding sorts after every real pair
-    packed = tl.sort(packed, 0)
+    packed = tl.sort(packed, 1)
     slots = tl.arange(0, TILE)
-    keep = (slots < CAP) & (tile * TILE + slots < N)
-    out = row * L + tile * CAP + slots
+    keep = (rows < M)[:, None] & ((slots < CAP) & (tile * TILE + slots < N))[None, :]
+    out = rows[:, None] * L + tile * CAP + slots[None, :]
     tl.store(key_ptr + out, packed >> 32, mask=keep)
     tl.store(index_ptr + out, (packed - ((packed >> 32) << 32)).to(tl.int32), mask=keep)
 
 
 @triton.jit
-def _tile_rank_kernel(x_ptr, key_ptr, index_ptr, N, L, stride_xm, stride_xn,
-                      DESCENDING: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr):
-    """Sort tile t of row m (64-bit keys) by ranking: rank = number of smaller (key, index) pairs."""
-    row = tl.program_id(1).to(tl.int64)
+def _tile_rank_kernel(x_ptr, key_ptr, index_ptr, M, N, L, stride_xm, stride_xn,
+                      DESCENDING: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr):
+    """Sort tile t of ROWS rows (any keys) by ranking: rank = number of smaller (key, index) pairs in the tile."""
+    rows = tl.program_id(1).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     tile = tl.program_id(0)
     cols = tile * TILE + tl.arange(0, TILE)
-    live = cols < N
-    x = tl.load(x_ptr + row * stride_xm + cols.to(tl.int64) * stride_xn, mask=live, other=0)
+    live = (rows < M)[:, None] & (cols < N)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols.to(tl.int64)[None, :] * stride_xn, mask=live, other=0)
     key = order_key(x, DESCENDING)
-    other_key = key[None, :]
-    other_col = cols[None, :]
-    smaller = ((other_key < key[:, None]) | ((other_key == key[:, None]) & (other_col < cols[:, None])))
-    rank = tl.sum((smaller & live[None, :]).to(tl.int32), axis=1)
+    # [ROWS, TILE (this element), TILE (the others)]
+    smaller = (key[:, None, :] < key[:, :, None]) | ((key[:, None, :] == key[:, :, None]) &
+                                                     (cols[None, None, :] < cols[None, :, None]))
+    rank = tl.sum((smaller & live[:, None, :]).to(tl.int32), axis=2)
     keep = live & (rank < CAP)
-    out = row * L + tile * CAP + rank
+    out = rows[:, None] * L + tile * CAP + rank
     tl.store(key_ptr + out, key, mask=keep)
-    tl.store(index_ptr + out, cols.to(tl.int32), mask=keep)
+    tl.store(index_ptr + out, cols.to(tl.int32)[None, :] + rank * 0, mask=keep)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,15 +160,18 @@ def sorted_rows(x2: torch.Tensor, descending: bool, cap: int | None = None) -> t
     """x2 [M, N] (any strides) -> int32 indices [M, min(N, cap)] of each row's first elements in sort order."""
     M, N = x2.shape
     cap = N if cap is None else min(cap, N)
-    wide = x2.dtype in _WIDE_KEYS
-    tile = min(RANK_TILE if wide else TILE, triton.next_power_of_2(N))
+    ranked = x2.dtype in _WIDE_KEYS or not PACKED_SORT
+    tile = min(RANK_TILE if ranked else TILE, triton.next_power_of_2(N))
     kept = min(tile, cap)
     L = _run_lengths(N, tile, kept)
     keys = torch.empty((M, L), dtype=torch.int64, device=x2.device)
     index = torch.empty((M, L), dtype=torch.int32, device=x2.device)
-    kernel = _tile_rank_kernel if wide else _tile_sort_kernel
-    kernel[(cdiv(N, tile), M)](x2, keys, index, N, L, x2.stride(0), x2.stride(1),
-                               DESCENDING=bool(descending), TILE=tile, CAP=kept, num_warps=8 if tile >= 512 else 4)
+    # Short rows share a program (ROWS of them) so that a program sorts about TILE elements.
+    rows = min((RANK_TILE**2 // tile**2) if ranked else (TILE // tile), triton.next_power_of_2(M))
+    kernel = _tile_rank_kernel if ranked else _tile_sort_kernel
+    kernel[(cdiv(N, tile), cdiv(M, rows))](x2, keys, index, M, N, L, x2.stride(0), x2.stride(1),
+                                           DESCENDING=bool(descending), ROWS=rows, TILE=tile, CAP=kept,
+                                           num_warps=8 if tile * rows >= 512 else 4)
     run = kept
     while L > run:
         run_out = min(2 * run, cap)
@@ -181,17 +188,19 @@ def sorted_rows(x2: torch.Tensor, descending: bool, cap: int | None = None) -> t
 # Gathering the result, scattering a gradient
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _gather_kernel(x_ptr, order_ptr, pos_ptr, values_ptr, indices_ptr, K, L, stride_xm, stride_xn,
-                   PER_ROW: tl.constexpr, BLOCK: tl.constexpr):
-    """values[m, j] = x[m, order[m, j]], indices[m, j] = order[m, j] (j < K); PER_ROW: j = pos[m] only."""
-    row = tl.program_id(1).to(tl.int64)
+def _gather_kernel(x_ptr, order_ptr, pos_ptr, values_ptr, indices_ptr, M, K, L, stride_xm, stride_xn,
+                   PER_ROW: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """values[m, j] = x[m, order[m, j]], indices[m, j] = order[m, j] (j < K); PER_ROW: order[m, pos[m]] (K = 1)."""
+    rows = tl.program_id(1).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    live = j < K
+    live = (rows < M)[:, None] & (j < K)[None, :]
     if PER_ROW:
-        j = tl.load(pos_ptr + row + j * 0, mask=live, other=0)
-    index = tl.load(order_ptr + row * L + j, mask=live, other=0).to(tl.int64)
-    x = tl.load(x_ptr + row * stride_xm + index * stride_xn, mask=live)
-    out = row * K + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        at = tl.load(pos_ptr + rows, mask=rows < M, other=0)[:, None] + j[None, :] * 0
+    else:
+        at = j[None, :] + rows[:, None] * 0
+    index = tl.load(order_ptr + rows[:, None] * L + at, mask=live, other=0).to(tl.int64)
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + index * stride_xn, mask=live)
+    out = rows[:, None] * K + j[None, :]
     tl.store(values_ptr + out, x, mask=live)
     tl.store(indices_ptr + out, index, mask=live)
 
@@ -202,9 +211,11 @@ def _gather(x2: torch.Tensor, order: torch.Tensor, k: int, pos: torch.Tensor | N
     values = torch.empty((M, k), dtype=x2.dtype, device=x2.device)
     indices = torch.empty((M, k), dtype=torch.int64, device=x2.device)
     if M and k:
-        _gather_kernel[(cdiv(k, BLOCK), M)](x2, order, pos if pos is not None else order, values, indices, k,
-                                            order.shape[1], x2.stride(0), x2.stride(1),
-                                            PER_ROW=pos is not None, BLOCK=min(BLOCK, triton.next_power_of_2(k)))
+        block = min(BLOCK, triton.next_power_of_2(k))
+        rows = min(BLOCK // block, triton.next_power_of_2(M))
+        _gather_kernel[(cdiv(k, block), cdiv(M, rows))](
+            x2, order, pos if pos is not None else order, values, indices, M, k, order.shape[1], x2.stride(0),
+            x2.stride(1), PER_ROW=pos is not None, ROWS=rows, BLOCK=block)
     return values, indices
 
 

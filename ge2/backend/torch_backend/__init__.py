@@ -9,6 +9,7 @@ from ge2.backend.torch_backend import norm, dropout, embedding, optim  # noqa: F
 from ge2.backend.torch_backend import conv, pool  # noqa: F401,E402
 from ge2.backend.torch_backend import attention  # noqa: F401,E402
 from ge2.backend.torch_backend import sampling  # noqa: F401,E402
+from ge2.backend.torch_backend import scan, sort  # noqa: F401,E402
 from ge2.backend.torch_backend import layout, resample  # noqa: F401,E402
 from ge2.backend.torch_backend import rnn  # noqa: F401,E402
 from ge2.backend.torch_backend import indexing, scatter  # noqa: F401,E402
