@@ -94,19 +94,19 @@ def _hx(cls, kw, B):
     return (h, randn(*shape, dtype=torch.float64, seed=4)) if cls == "LSTM" else h
 
 
-CASES = [  # (class, constructor kwargs, T, B, give h0)
-    ("LSTM", dict(input_size=4, hidden_size=5, bidirectional=True, batch_first=True), 7, 3, True),
-    ("GRU", dict(input_size=3, hidden_size=6, num_layers=2, bias=False), 7, 2, True),
-    ("RNN", dict(input_size=4, hidden_size=3, nonlinearity="relu", bidirectional=True), 1, 1, False),
-    ("RNN", dict(input_size=2, hidden_size=5, num_layers=2, dropout=1.0), 7, 3, True),
+CASES = [  # (class, constructor kwargs, T, B, give h0, path: "persistent" also runs the persistent backward)
+    ("LSTM", dict(input_size=4, hidden_size=5, bidirectional=True, batch_first=True), 7, 3, True, "persistent"),
+    ("GRU", dict(input_size=3, hidden_size=6, num_layers=2, bias=False), 7, 2, True, "persistent"),
+    ("RNN", dict(input_size=4, hidden_size=3, nonlinearity="relu", bidirectional=True), 1, 1, False, "persistent"),
+    ("RNN", dict(input_size=2, hidden_size=5, num_layers=2, dropout=1.0), 7, 3, True, None),
 ]
 
 
-@pytest.mark.parametrize("cls,kw,T,B,give_h", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
-def test_layer_matches_torch(cls, kw, T, B, give_h):
+@pytest.mark.parametrize("cls,kw,T,B,give_h,path", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_layer_matches_torch(cls, kw, T, B, give_h, path):
     shape = (B, T, kw["input_size"]) if kw.get("batch_first") else (T, B, kw["input_size"])
     x = randn(*shape, dtype=torch.float64, noncontig=True, seed=2)
-    _check(cls, kw, x, _hx(cls, kw, B) if give_h else None)
+    _check(cls, kw, x, _hx(cls, kw, B) if give_h else None, path=path)
 
 
 def test_packed_sequence_lstm_bidirectional():
@@ -224,7 +224,8 @@ def test_persistent_plan_line():
 
 
 @pytest.mark.skipif(not LARGE, reason="long sequences and wide layers only with GE2_TEST_LARGE")
-@pytest.mark.parametrize("cls,path", [("LSTM", None), ("GRU", None), ("RNN", None), ("LSTM", "stepwise")])
+@pytest.mark.parametrize("cls,path", [("LSTM", "persistent"), ("GRU", "persistent"), ("RNN", None),
+                                      ("LSTM", "stepwise")])
 def test_long_sequences_large(cls, path):
     kw = dict(input_size=40, hidden_size=77, num_layers=2, bidirectional=True)
     lengths = torch.tensor([100, 64, 99, 1, 37, 100, 2, 50, 80, 3, 100, 20, 7, 9, 90, 33, 17])
