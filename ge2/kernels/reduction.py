@@ -10,7 +10,7 @@ argmax / argmin(x, *, dim=None, keepdim=False) -> int64         # dim None: inde
 var / std(x, *, dims=None, correction=1, keepdim=False) -> out  # two passes: mean, then squared deviations
 vector_norm(x, *, ord=2, dims=None, keepdim=False) -> out       # ord: any float, inf, -inf, 0
 logsumexp(x, *, dims=None, keepdim=False) -> out                # two passes: max, then sum of exp(x - max)
-all / any(x, *, dims=None, keepdim=False) -> bool
+all / any(x, *, dims=None, keepdim=False) -> bool (uint8 for uint8, like torch)
 count_nan(x, *, dims=None, keepdim=False) -> int64
 sum_to(x, shape, *, dtype=None) -> out          # sum a broadcast result back to ``shape`` (gradients)
 dims: int, tuple of ints or None (= all; an empty tuple also means all, like torch); negative dims
@@ -78,7 +78,7 @@ _OUTER_CONFIGS = [
 ]
 # Under the interpreter (no tuning) large tiles keep the program and loop counts, its cost, low.
 _INTERPRETER_CONFIG = triton.Config({"BLOCK_M": 128, "BLOCK_N": 256}, num_warps=4)
-_INTERPRETER_PROD_CONFIG = triton.Config({"BLOCK_M": 16, "BLOCK_N": 8}, num_warps=4)
+_INTERPRETER_PROD_CONFIG = triton.Config({"BLOCK_M": 8, "BLOCK_N": 64}, num_warps=4)
 
 
 def _prune(configs, named_args, **kwargs):
@@ -478,13 +478,17 @@ def logsumexp(x: torch.Tensor, *, dims=None, keepdim: bool = False) -> torch.Ten
 
 
 def all(x: torch.Tensor, *, dims=None, keepdim: bool = False) -> torch.Tensor:  # noqa: A001
-    """True where every element over dims is nonzero -> bool [kept shape] (True for nothing)."""
-    return _reduce("all", SUM, x, dims, keepdim, torch.bool, pre=IS_ZERO, post=EQ_ZERO)
+    """True where every element over dims is nonzero -> bool [kept shape] (True for nothing; uint8 for uint8, as torch)."""
+    return _reduce("all", SUM, x, dims, keepdim, _truth_dtype(x), pre=IS_ZERO, post=EQ_ZERO)
 
 
 def any(x: torch.Tensor, *, dims=None, keepdim: bool = False) -> torch.Tensor:  # noqa: A001
-    """True where some element over dims is nonzero -> bool [kept shape] (False for nothing)."""
-    return _reduce("any", SUM, x, dims, keepdim, torch.bool, pre=NONZERO, post=GT_ZERO)
+    """True where some element over dims is nonzero -> bool [kept shape] (False for nothing; uint8 for uint8)."""
+    return _reduce("any", SUM, x, dims, keepdim, _truth_dtype(x), pre=NONZERO, post=GT_ZERO)
+
+
+def _truth_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.uint8 if x.dtype == torch.uint8 else torch.bool
 
 
 def count_nan(x: torch.Tensor, *, dims=None, keepdim: bool = False) -> torch.Tensor:

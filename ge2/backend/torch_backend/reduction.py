@@ -40,15 +40,20 @@ def max_dim(x, *, dim, keepdim=False):
 ALL = FLOAT_DTYPES + INT_DTYPES + BOOL_DTYPES
 
 
+def _reduced(dims, ndim):
+    """dims as torch's reductions take them; None and () mean every dim."""
+    return tuple(range(ndim)) if dims is None or dims == () else dims
+
+
 def _reduce_dims(fn, x, dims, keepdim, **kw):
     if x.dim() == 0:
         return fn(x.reshape(1), 0, keepdim=False, **kw).reshape(())
-    return fn(x, _dims(dims, x.dim()) or tuple(range(x.dim())), keepdim=keepdim, **kw)
+    return fn(x, _reduced(dims, x.dim()), keepdim=keepdim, **kw)
 
 
 @register("amin", "torch", dtypes=ALL)
 def amin(x, *, dims=None, keepdim=False):
-    return x.clone() if x.dim() == 0 else x.amin(_dims(dims, x.dim()), keepdim=keepdim)
+    return x.clone() if x.dim() == 0 else x.amin(_reduced(dims, x.dim()), keepdim=keepdim)
 
 
 @register("min", "torch", dtypes=ALL)
@@ -74,10 +79,11 @@ def prod(x, *, dims=None, keepdim=False, skip_zeros=False):
     out = x.to(x.dtype if x.dtype.is_floating_point else torch.int64)
     if out.dim() == 0:
         return out.clone()
-    for d in sorted(_dims(dims, x.dim()) or range(x.dim()), reverse=True):
+    reduced = [d % x.dim() for d in ((_reduced(dims, x.dim()),) if isinstance(dims, int) else _reduced(dims, x.dim()))]
+    for d in sorted(reduced, reverse=True):
         out = out.prod(d, keepdim=True)
     if not keepdim:
-        out = out.reshape([s for i, s in enumerate(out.shape) if i not in (_dims(dims, x.dim()) or range(x.dim()))])
+        out = out.reshape([s for i, s in enumerate(out.shape) if i not in reduced])
     return out
 
 
@@ -93,8 +99,7 @@ def std(x, *, dims=None, correction=1, keepdim=False):
 
 @register("vector_norm", "torch")
 def vector_norm(x, *, ord=2.0, dims=None, keepdim=False):
-    return torch.linalg.vector_norm(x, ord=ord, dim=None if x.dim() == 0 else _dims(dims, x.dim()) or None,
-                                    keepdim=keepdim)
+    return torch.linalg.vector_norm(x, ord=ord, dim=None if x.dim() == 0 else _reduced(dims, x.dim()), keepdim=keepdim)
 
 
 @register("logsumexp", "torch")
@@ -104,12 +109,12 @@ def logsumexp(x, *, dims=None, keepdim=False):
 
 @register("all", "torch", dtypes=ALL)
 def all_(x, *, dims=None, keepdim=False):
-    return x.bool().clone() if x.dim() == 0 else x.all(_dims(dims, x.dim()) or tuple(range(x.dim())), keepdim=keepdim)
+    return x.bool().clone() if x.dim() == 0 else x.all(_reduced(dims, x.dim()), keepdim=keepdim)
 
 
 @register("any", "torch", dtypes=ALL)
 def any_(x, *, dims=None, keepdim=False):
-    return x.bool().clone() if x.dim() == 0 else x.any(_dims(dims, x.dim()) or tuple(range(x.dim())), keepdim=keepdim)
+    return x.bool().clone() if x.dim() == 0 else x.any(_reduced(dims, x.dim()), keepdim=keepdim)
 
 
 @register("count_nan", "torch")
