@@ -44,13 +44,14 @@ class PackedSequence(NamedTuple):
 
 
 def _lengths(op: str, lengths, B: int, T: int) -> torch.Tensor:
-    lens = torch.as_tensor(lengths.data if isinstance(lengths, Tensor) else lengths, dtype=torch.int64).reshape(-1)
-    if lens.numel() != B:
-        raise ValueError(f"{op}: lengths has {lens.numel()} entries but the batch has {B} sequences")
-    lo, hi = (int(v) for v in torch.stack([lens.min(), lens.max()]).tolist()) if B else (1, 0)
-    if B and (lo < 1 or hi > T):
-        raise ValueError(f"{op}: lengths must be in [1, {T}] (the padded length), got min {lo} max {hi}")
-    return lens.cpu()
+    """int64 [B] on the CPU, checked against the batch and the padded length (read on the host)."""
+    raw = lengths.data if isinstance(lengths, Tensor) else lengths
+    vals = [int(v) for v in (raw.reshape(-1).tolist() if isinstance(raw, torch.Tensor) else list(raw))]
+    if len(vals) != B:
+        raise ValueError(f"{op}: lengths has {len(vals)} entries but the batch has {B} sequences")
+    if vals and (min(vals) < 1 or max(vals) > T):
+        raise ValueError(f"{op}: lengths must be in [1, {T}] (the padded length), got min {min(vals)} max {max(vals)}")
+    return torch.tensor(vals, dtype=torch.int64)
 
 
 def pack_padded_sequence(input: Tensor, lengths, batch_first: bool = False,
@@ -58,7 +59,8 @@ def pack_padded_sequence(input: Tensor, lengths, batch_first: bool = False,
     """input [T, B, *] ([B, T, *] if batch_first) + lengths [B] -> PackedSequence (no data moves)."""
     x = transpose(input, 0, 1) if batch_first else input
     lens = _lengths("pack_padded_sequence", lengths, x.shape[1], x.shape[0])
-    if enforce_sorted and lens.numel() > 1 and bool((lens[1:] > lens[:-1]).any()):
+    vals = lens.tolist()
+    if enforce_sorted and any(b > a for a, b in zip(vals, vals[1:])):
         raise ValueError("pack_padded_sequence: lengths must be sorted in decreasing order with enforce_sorted=True, "
                          f"got {lens.tolist()}")
     return PackedSequence(x, lens)
@@ -70,7 +72,7 @@ def pad_packed_sequence(sequence: PackedSequence, batch_first: bool = False, pad
     if padding_value != 0.0:
         raise ValueError(f"pad_packed_sequence: padding_value must be 0 (ge2's padding is zeros), got {padding_value}")
     x, lens = sequence.data, sequence.lengths
-    longest = int(lens.max()) if lens.numel() else 0
+    longest = max(lens.tolist(), default=0)
     T = longest if total_length is None else total_length
     if T < longest:
         raise ValueError(f"pad_packed_sequence: total_length {T} is less than the longest sequence ({longest})")
