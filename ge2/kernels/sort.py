@@ -36,6 +36,8 @@ keys, in increasing order, are a draw of S categories one after another without 
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -248,7 +250,7 @@ def _rows(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, tuple[int, ...]]:
     if x.dim() == 0:
         return x.reshape(1, 1), ()
     moved = x.movedim(dim, -1)
-    return moved.reshape(-1, moved.shape[-1]), tuple(moved.shape[:-1])
+    return moved.reshape(math.prod(moved.shape[:-1]), moved.shape[-1]), tuple(moved.shape[:-1])
 
 
 def _unrows(t: torch.Tensor, lead: tuple[int, ...], dim: int, ndim: int) -> torch.Tensor:

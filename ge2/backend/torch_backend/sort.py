@@ -62,7 +62,7 @@ def multinomial_sample(p, state, *, num_samples, replacement):
         cdf = p.detach().cpu().to(torch.float64 if p.dtype == torch.float64 else torch.float32).cumsum(1).double()
         target = torch.from_numpy(u).reshape(M, num_samples) * cdf[:, -1:]
         first = torch.searchsorted(cdf, target, right=True)
-        last = torch.searchsorted(cdf, cdf[:, -1:], right=False).clamp(max=N - 1)
+        last = torch.searchsorted(cdf, cdf[:, -1:].contiguous(), right=False).clamp(max=N - 1)
         return torch.where(first >= N, last, first).to(p.device)
     u = torch.from_numpy(philox_uniform(seed, offset + np.arange(M * N, dtype=np.int64))).reshape(M, N)
     keys = torch.where(w > 0, -torch.log1p(-u.double()) / w, torch.inf)
