@@ -143,6 +143,41 @@ def _adv_write(dtype):
 
 
 # ---------------------------------------------------------------------------------------------
+# scan and sort rows (helper B)
+# ---------------------------------------------------------------------------------------------
+def _cumsum(rows: int, n: int):
+    """cumsum along rows of n (few long rows take the segmented three-pass scan)."""
+    def build(device, smoke) -> Fns:
+        M, N = _size(smoke, rows, 3), _size(smoke, n, 37)
+        x = _rand(M, N, device=device)
+        gx = ge2.from_torch(x)
+        return lambda: ge2.cumsum(gx, 1), lambda: torch.cumsum(x, 1), 2 * M * N * x.element_size()
+    return build
+
+
+def _sort(rows: int, n: int):
+    """sort along rows of n: values and int64 indices written."""
+    def build(device, smoke) -> Fns:
+        M, N = _size(smoke, rows, 3), _size(smoke, n, 37)
+        x = _rand(M, N, device=device)
+        gx = ge2.from_torch(x)
+        return (lambda: ge2.sort(gx, -1).values, lambda: torch.sort(x, -1).values,
+                M * N * (2 * x.element_size() + 8))
+    return build
+
+
+def _topk(rows: int, n: int, k: int):
+    """topk(k) along rows of n: the row read, k values and int64 indices written."""
+    def build(device, smoke) -> Fns:
+        M, N, K = _size(smoke, rows, 3), _size(smoke, n, 37), _size(smoke, k, min(k, 5))
+        x = _rand(M, N, device=device)
+        gx = ge2.from_torch(x)
+        return (lambda: ge2.topk(gx, K).values, lambda: torch.topk(x, K).values,
+                M * N * x.element_size() + M * K * (x.element_size() + 8))
+    return build
+
+
+# ---------------------------------------------------------------------------------------------
 # pad and resample rows (helper D)
 # ---------------------------------------------------------------------------------------------
 def _pad_reflect(dtype):
@@ -181,7 +216,12 @@ ROWS: list[Row] = [
     Row("index_select", "32768x1024 <- 16384", torch.bfloat16, _index_select(torch.bfloat16)),
     Row("adv-index read x[:, idx]", "16x8192x256 <- 4096", torch.float32, _adv_read(torch.float32)),
     Row("adv-index write x[idx] = v", "32768x1024 <- 16384", torch.float32, _adv_write(torch.float32)),
-    # helper B: cumsum / sort / topk rows go here.
+    Row("cumsum", "4096 rows of 8192", torch.float32, _cumsum(4096, 8192)),
+    Row("cumsum", "8 rows of 1M", torch.float32, _cumsum(8, 1 << 20)),
+    Row("sort", "256 rows of 32k", torch.float32, _sort(256, 32768)),
+    Row("sort", "64 rows of 128k", torch.float32, _sort(64, 131072)),
+    *[Row(f"topk k={k}", f"{m} rows of {n // 1024}k", torch.float32, _topk(m, n, k))
+      for m, n in ((256, 32768), (64, 131072)) for k in (1, 50, 1024)],
     Row("pad (reflect)", "64x64x56x56 +1 each side", torch.float32, _pad_reflect(torch.float32)),
     Row("pad (reflect)", "64x64x56x56 +1 each side", torch.bfloat16, _pad_reflect(torch.bfloat16)),
     Row("upsample bilinear x2", "64x64x56x56 -> 112x112", torch.float32, _upsample_bilinear(torch.float32)),
