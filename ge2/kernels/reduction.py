@@ -229,7 +229,9 @@ def _reduce_kernel(
         if PRE != NONE:
             x = _pre(x, center, p, PRE, ACC)
         if OP == SUM:
-            acc += x if PRE == NONE else tl.where(mask, x, 0)  # masked lanes loaded 0; PRE may not keep it 0
+            if PRE != NONE:  # masked lanes loaded 0, which PRE may not keep 0
+                x = tl.where(mask, x, 0)
+            acc += x
         elif OP == PROD:
             acc *= tl.where(mask, x, 1)
         elif not WITH_INDEX:

@@ -102,7 +102,10 @@ def _scan_kernel(
     for tile in range(start, end, BLOCK):
         cols = tile + tl.arange(0, BLOCK)
         live = row_live[:, None] & (cols < end)[None, :]
-        mem = (N - 1 - cols) if REVERSE else cols
+        if REVERSE:
+            mem = N - 1 - cols
+        else:
+            mem = cols
         x = tl.load(x_ptr + rows[:, None] * stride_xm + mem[None, :] * stride_xn, mask=live, other=0).to(ACC)
         x = tl.where(live, x, identity[:, None])
         y = _combine(carry[:, None], _scan_tile(x, OP), OP)

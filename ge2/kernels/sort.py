@@ -83,9 +83,13 @@ def order_key(x, DESCENDING: tl.constexpr):
 # Pass 1: sorted tiles (capped at CAP elements each)
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _tile_sort_kernel(x_ptr, key_ptr, index_ptr, M, N, L, stride_xm, stride_xn,
-                      DESCENDING: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr):
-    """Sort tile t of ROWS rows (32-bit keys packed with their index) -> each row's first CAP pairs at [m, t * CAP]."""
+def _tile_sort_kernel(x_ptr, key_ptr, index_ptr, M, N, L, stride_xm, stride_xn, DESCENDING: tl.constexpr,
+                      ROWS: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr, BEST: tl.constexpr):
+    """Sort tile t of ROWS rows as packed (key << 32 | index) int64s -> each row's first CAP at [m, t * CAP].
+
+    BEST < TILE: only the BEST (a power of two >= CAP, >= 2) smallest are needed: tl.topk's partial
+    bitonic network instead of the full sort. index_ptr is unused (the index is the low 32 bits).
+    """
     rows = tl.program_id(1).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     tile = tl.program_id(0)
     cols = tile * TILE + tl.arange(0, TILE)
@@ -93,12 +97,13 @@ def _tile_sort_kernel(x_ptr, key_ptr, index_ptr, M, N, L, stride_xm, stride_xn,
     x = tl.load(x_ptr + rows[:, None] * stride_xm + cols.to(tl.int64)[None, :] * stride_xn, mask=live, other=0)
     packed = (order_key(x, DESCENDING) << 32) | cols.to(tl.int64)[None, :]
     packed = tl.where(live, packed, _INT64_MAX)  # padding sorts after every real pair
-    packed = tl.sort(packed, 1)
-    slots = tl.arange(0, TILE)
+    if BEST < TILE:
+        packed = ~tl.topk(~packed, BEST, dim=1)  # the largest of ~packed, descending: the smallest, ascending
+    else:
+        packed = tl.sort(packed, 1)
+    slots = tl.arange(0, BEST)
     keep = (rows < M)[:, None] & ((slots < CAP) & (tile * TILE + slots < N))[None, :]
-    out = rows[:, None] * L + tile * CAP + slots[None, :]
-    tl.store(key_ptr + out, packed >> 32, mask=keep)
-    tl.store(index_ptr + out, (packed - ((packed >> 32) << 32)).to(tl.int32), mask=keep)
+    tl.store(key_ptr + rows[:, None] * L + tile * CAP + slots[None, :], packed, mask=keep)
 
 
 @triton.jit
@@ -125,14 +130,18 @@ def _tile_rank_kernel(x_ptr, key_ptr, index_ptr, M, N, L, stride_xm, stride_xn,
 # Pass 2..: pairwise merges of sorted runs
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _merge_kernel(key_in, index_in, key_out, index_out, L_in, L_out, run_in, run_out, steps, BLOCK: tl.constexpr):
-    """Merge runs 2r and 2r+1 (run_in long, the last may be shorter) of each row into run r (first run_out)."""
+def _merge_kernel(key_in, index_in, key_out, index_out, L_in, L_out, run_in, run_out, steps,
+                  PACKED: tl.constexpr, BLOCK: tl.constexpr):
+    """Merge runs 2r and 2r+1 (run_in long, the last may be shorter) of each row into run r (first run_out).
+
+    PACKED: key holds key << 32 | index (one int64 compare and one array); else (key, index) pairs."""
     row = tl.program_id(1).to(tl.int64)
     p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = p < L_in
     base_in = row * L_in
     key = tl.load(key_in + base_in + p, mask=live, other=0)
-    index = tl.load(index_in + base_in + p, mask=live, other=0)
+    if not PACKED:
+        index = tl.load(index_in + base_in + p, mask=live, other=0)
     run = p // run_in
     partner = tl.minimum((run ^ 1) * run_in, L_in)
     lo = partner
@@ -141,15 +150,19 @@ def _merge_kernel(key_in, index_in, key_out, index_out, L_in, L_out, run_in, run
         active = lo < hi
         mid = (lo + hi) // 2
         mid_key = tl.load(key_in + base_in + mid, mask=live & active, other=0)
-        mid_index = tl.load(index_in + base_in + mid, mask=live & active, other=0)
-        smaller = (mid_key < key) | ((mid_key == key) & (mid_index < index))
+        if PACKED:
+            smaller = mid_key < key
+        else:
+            mid_index = tl.load(index_in + base_in + mid, mask=live & active, other=0)
+            smaller = (mid_key < key) | ((mid_key == key) & (mid_index < index))
         lo = tl.where(active & smaller, mid + 1, lo)
         hi = tl.where(active & ~smaller, mid, hi)
     slot = p - run * run_in + (lo - partner)
     keep = live & (slot < run_out)
     out = row * L_out + (run // 2) * run_out + slot
     tl.store(key_out + out, key, mask=keep)
-    tl.store(index_out + out, index, mask=keep)
+    if not PACKED:
+        tl.store(index_out + out, index, mask=keep)
 
 
 def _run_lengths(n: int, run: int, cap: int) -> int:
@@ -159,31 +172,35 @@ def _run_lengths(n: int, run: int, cap: int) -> int:
 
 
 def sorted_rows(x2: torch.Tensor, descending: bool, cap: int | None = None) -> torch.Tensor:
-    """x2 [M, N] (any strides) -> int32 indices [M, min(N, cap)] of each row's first elements in sort order."""
+    """x2 [M, N] (any strides) -> each row's first min(N, cap) elements in sort order, [M, min(N, cap)]:
+    int32 indices, or int64 packed key << 32 | index (for 32-bit keys on the GPU)."""
     M, N = x2.shape
     cap = N if cap is None else min(cap, N)
-    ranked = x2.dtype in _WIDE_KEYS or not PACKED_SORT
-    tile = min(RANK_TILE if ranked else TILE, triton.next_power_of_2(N))
+    packed = x2.dtype not in _WIDE_KEYS and PACKED_SORT
+    tile = min(TILE if packed else RANK_TILE, triton.next_power_of_2(N))
     kept = min(tile, cap)
     L = _run_lengths(N, tile, kept)
     keys = torch.empty((M, L), dtype=torch.int64, device=x2.device)
-    index = torch.empty((M, L), dtype=torch.int32, device=x2.device)
+    index = keys if packed else torch.empty((M, L), dtype=torch.int32, device=x2.device)
     # Short rows share a program (ROWS of them) so that a program sorts about TILE elements.
-    rows = min((RANK_TILE**2 // tile**2) if ranked else (TILE // tile), triton.next_power_of_2(M))
-    kernel = _tile_rank_kernel if ranked else _tile_sort_kernel
-    kernel[(cdiv(N, tile), cdiv(M, rows))](x2, keys, index, M, N, L, x2.stride(0), x2.stride(1),
-                                           DESCENDING=bool(descending), ROWS=rows, TILE=tile, CAP=kept,
-                                           num_warps=8 if tile * rows >= 512 else 4)
+    rows = min((TILE // tile) if packed else (RANK_TILE**2 // tile**2), triton.next_power_of_2(M))
+    common = dict(DESCENDING=bool(descending), ROWS=rows, TILE=tile, CAP=kept, num_warps=8 if tile * rows >= 512 else 4)
+    grid = (cdiv(N, tile), cdiv(M, rows))
+    if packed:
+        _tile_sort_kernel[grid](x2, keys, index, M, N, L, x2.stride(0), x2.stride(1),
+                                BEST=min(max(2, triton.next_power_of_2(kept)), tile), **common)
+    else:
+        _tile_rank_kernel[grid](x2, keys, index, M, N, L, x2.stride(0), x2.stride(1), **common)
     run = kept
     while L > run:
         run_out = min(2 * run, cap)
         L_out = _run_lengths(L, 2 * run, run_out)
         keys2 = torch.empty((M, L_out), dtype=torch.int64, device=x2.device)
-        index2 = torch.empty((M, L_out), dtype=torch.int32, device=x2.device)
+        index2 = keys2 if packed else torch.empty((M, L_out), dtype=torch.int32, device=x2.device)
         _merge_kernel[(cdiv(L, BLOCK), M)](keys, index, keys2, index2, L, L_out, run, run_out, run.bit_length(),
-                                           BLOCK=BLOCK, num_warps=4)
+                                           PACKED=packed, BLOCK=BLOCK, num_warps=4)
         keys, index, L, run = keys2, index2, L_out, run_out
-    return index
+    return keys if packed else index
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,7 +208,7 @@ def sorted_rows(x2: torch.Tensor, descending: bool, cap: int | None = None) -> t
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _gather_kernel(x_ptr, order_ptr, pos_ptr, values_ptr, indices_ptr, M, K, L, stride_xm, stride_xn,
-                   PER_ROW: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+                   PER_ROW: tl.constexpr, PACKED: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """values[m, j] = x[m, order[m, j]], indices[m, j] = order[m, j] (j < K); PER_ROW: order[m, pos[m]] (K = 1)."""
     rows = tl.program_id(1).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -201,6 +218,8 @@ def _gather_kernel(x_ptr, order_ptr, pos_ptr, values_ptr, indices_ptr, M, K, L, 
     else:
         at = j[None, :] + rows[:, None] * 0
     index = tl.load(order_ptr + rows[:, None] * L + at, mask=live, other=0).to(tl.int64)
+    if PACKED:  # key << 32 | index: the low 32 bits
+        index = index - ((index >> 32) << 32)
     x = tl.load(x_ptr + rows[:, None] * stride_xm + index * stride_xn, mask=live)
     out = rows[:, None] * K + j[None, :]
     tl.store(values_ptr + out, x, mask=live)
@@ -208,7 +227,7 @@ def _gather_kernel(x_ptr, order_ptr, pos_ptr, values_ptr, indices_ptr, M, K, L, 
 
 
 def _gather(x2: torch.Tensor, order: torch.Tensor, k: int, pos: torch.Tensor | None = None):
-    """(values [M, k], int64 indices [M, k]): the first k of order, or the one at pos[m] (k = 1)."""
+    """(values [M, k], int64 indices [M, k]): the first k of order (sorted_rows'), or the one at pos[m] (k = 1)."""
     M = x2.shape[0]
     values = torch.empty((M, k), dtype=x2.dtype, device=x2.device)
     indices = torch.empty((M, k), dtype=torch.int64, device=x2.device)
@@ -217,7 +236,7 @@ def _gather(x2: torch.Tensor, order: torch.Tensor, k: int, pos: torch.Tensor | N
         rows = min(BLOCK // block, triton.next_power_of_2(M))
         _gather_kernel[(cdiv(k, block), cdiv(M, rows))](
             x2, order, pos if pos is not None else order, values, indices, M, k, order.shape[1], x2.stride(0),
-            x2.stride(1), PER_ROW=pos is not None, ROWS=rows, BLOCK=block)
+            x2.stride(1), PER_ROW=pos is not None, PACKED=order.dtype == torch.int64, ROWS=rows, BLOCK=block)
     return values, indices
 
 
