@@ -311,7 +311,7 @@ def _pick(x: torch.Tensor, dim: int, keepdim: bool, k: int | None) -> tuple[torc
         values, indices = _gather(x2, order, 1, pos)
     else:
         order = sorted_rows(x2, False, cap=k)
-        pos = torch.full((M,), k - 1, dtype=torch.int64, device=x.device)
+        pos = torch.empty((M,), dtype=torch.int64, device=x.device).fill_(k - 1)
         values, indices = _gather(x2, order, 1, pos)
     values, indices = _unrows(values, lead, dim, x.dim()), _unrows(indices, lead, dim, x.dim())
     if not keepdim and x.dim():
@@ -407,7 +407,7 @@ def unique(x: torch.Tensor, *, return_inverse: bool = False, return_counts: bool
     U = int(group[N - 1].item())  # the documented host sync
     values = torch.empty(U, dtype=x.dtype, device=x.device)
     inverse = torch.empty(N, dtype=torch.int64, device=x.device)
-    start = torch.full((U + 1,), N, dtype=torch.int64, device=x.device)
+    start = torch.empty((U + 1,), dtype=torch.int64, device=x.device).fill_(N)
     _unique_kernel[grid](v, order64, group, flags, values, inverse, start, N, BLOCK=BLOCK)
     counts = None
     if return_counts:
