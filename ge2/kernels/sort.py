@@ -17,15 +17,16 @@ the element's index, so (key, index) pairs are unique and the sort is stable in 
 
 **Rows of any length.** A row is cut into tiles. Pass 1 sorts each tile in registers: for keys of
 32 bits (fp32/fp16/bf16 and the small integers) the pair packs into one int64 (key << 32 | index)
-and ``tl.sort`` sorts TILE of them; 64-bit keys (fp64, int64) are ranked by counting, in tiles of
-RANK_TILE (each element's rank is how many pairs of its tile are smaller). Under the interpreter
-every tile is ranked (its tl.sort is an element-by-element loop). Then sorted runs are
-merged pairwise, log2(N / TILE) passes: every element finds its place in the merged run as its
-index in its own run plus the number of smaller pairs in the partner run (a binary search), so a
+and ``tl.sort`` sorts TILE of them (``tl.topk`` when only the first k of a tile are kept); 64-bit
+keys (fp64, int64) are ranked by counting, in tiles of RANK_TILE (each element's rank is how many
+pairs of its tile are smaller). Under the interpreter every tile is ranked (its tl.sort is an
+element-by-element loop). Then sorted runs are merged pairwise, log2(N / TILE) passes: every
+element finds its place in the merged run as its index in its own run plus the number of smaller
+pairs in the partner run (a binary search; packed pairs need one int64 compare per step), so a
 pass is one fully parallel launch with no shared state, and rows of 32k or 128k elements work the
-same as rows of 10. topk (and kthvalue, median) cap every run at k: a tile keeps only its k best
-and a merge writes only the first k of each merged pair, so topk(k=50) of a 128k row merges
-64 runs of 50 instead of sorting 128k elements across passes.
+same as rows of 10. topk, kthvalue and the draw without replacement cap every run at k: a tile
+keeps only its k best and a merge writes only the first k of each merged pair, so topk(k=50) of a
+128k row merges 128 runs of 50 instead of 128 runs of 1024.
 
 **multinomial.** With replacement: one scan of each row's weights gives the CDF (fp32, fp64 for
 fp64), each draw u = rand(seed, offset + row * S + s) (ge2's device-side Philox state, as dropout)
