@@ -91,8 +91,8 @@ def _tile_sort_kernel(x_ptr, key_ptr, index_ptr, M, N, L, stride_xm, stride_xn, 
     BEST < TILE: only the BEST (a power of two >= CAP, >= 2) smallest are needed: tl.topk's partial
     bitonic network instead of the full sort. index_ptr is unused (the index is the low 32 bits).
     """
-    rows = tl.program_id(1).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    tile = tl.program_id(0)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    tile = tl.program_id(1)
     cols = tile * TILE + tl.arange(0, TILE)
     live = (rows < M)[:, None] & (cols < N)[None, :]
     x = tl.load(x_ptr + rows[:, None] * stride_xm + cols.to(tl.int64)[None, :] * stride_xn, mask=live, other=0)
@@ -111,8 +111,8 @@ def _tile_sort_kernel(x_ptr, key_ptr, index_ptr, M, N, L, stride_xm, stride_xn, 
 def _tile_rank_kernel(x_ptr, key_ptr, index_ptr, M, N, L, stride_xm, stride_xn,
                       DESCENDING: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr):
     """Sort tile t of ROWS rows (any keys) by ranking: rank = number of smaller (key, index) pairs in the tile."""
-    rows = tl.program_id(1).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    tile = tl.program_id(0)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    tile = tl.program_id(1)
     cols = tile * TILE + tl.arange(0, TILE)
     live = (rows < M)[:, None] & (cols < N)[None, :]
     x = tl.load(x_ptr + rows[:, None] * stride_xm + cols.to(tl.int64)[None, :] * stride_xn, mask=live, other=0)
@@ -136,8 +136,8 @@ def _merge_kernel(key_in, index_in, key_out, index_out, L_in, L_out, run_in, run
     """Merge runs 2r and 2r+1 (run_in long, the last may be shorter) of each row into run r (first run_out).
 
     PACKED: key holds key << 32 | index (one int64 compare and one array); else (key, index) pairs."""
-    row = tl.program_id(1).to(tl.int64)
-    p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    row = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     live = p < L_in
     base_in = row * L_in
     key = tl.load(key_in + base_in + p, mask=live, other=0)
@@ -186,7 +186,7 @@ def sorted_rows(x2: torch.Tensor, descending: bool, cap: int | None = None) -> t
     # Short rows share a program (ROWS of them) so that a program sorts about TILE elements.
     rows = min((TILE // tile) if packed else (RANK_TILE**2 // tile**2), triton.next_power_of_2(M))
     common = dict(DESCENDING=bool(descending), ROWS=rows, TILE=tile, CAP=kept, num_warps=8 if tile * rows >= 512 else 4)
-    grid = (cdiv(N, tile), cdiv(M, rows))
+    grid = (cdiv(M, rows), cdiv(N, tile))  # rows on axis 0: it takes 2**31 - 1 programs, axis 1 65535
     if packed:
         _tile_sort_kernel[grid](x2, keys, index, M, N, L, x2.stride(0), x2.stride(1),
                                 BEST=min(max(2, triton.next_power_of_2(kept)), tile), **common)
@@ -198,7 +198,7 @@ def sorted_rows(x2: torch.Tensor, descending: bool, cap: int | None = None) -> t
         L_out = _run_lengths(L, 2 * run, run_out)
         keys2 = torch.empty((M, L_out), dtype=torch.int64, device=x2.device)
         index2 = keys2 if packed else torch.empty((M, L_out), dtype=torch.int32, device=x2.device)
-        _merge_kernel[(cdiv(L, BLOCK), M)](keys, index, keys2, index2, L, L_out, run, run_out, run.bit_length(),
+        _merge_kernel[(M, cdiv(L, BLOCK))](keys, index, keys2, index2, L, L_out, run, run_out, run.bit_length(),
                                            PACKED=packed, BLOCK=BLOCK, num_warps=4)
         keys, index, L, run = keys2, index2, L_out, run_out
     return keys if packed else index
@@ -211,8 +211,8 @@ def sorted_rows(x2: torch.Tensor, descending: bool, cap: int | None = None) -> t
 def _gather_kernel(x_ptr, order_ptr, pos_ptr, values_ptr, indices_ptr, M, K, L, stride_xm, stride_xn,
                    PER_ROW: tl.constexpr, PACKED: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """values[m, j] = x[m, order[m, j]], indices[m, j] = order[m, j] (j < K); PER_ROW: order[m, pos[m]] (K = 1)."""
-    rows = tl.program_id(1).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     live = (rows < M)[:, None] & (j < K)[None, :]
     if PER_ROW:
         at = tl.load(pos_ptr + rows, mask=rows < M, other=0)[:, None] + j[None, :] * 0
@@ -235,7 +235,7 @@ def _gather(x2: torch.Tensor, order: torch.Tensor, k: int, pos: torch.Tensor | N
     if M and k:
         block = min(BLOCK, triton.next_power_of_2(k))
         rows = min(BLOCK // block, triton.next_power_of_2(M))
-        _gather_kernel[(cdiv(k, block), cdiv(M, rows))](
+        _gather_kernel[(cdiv(M, rows), cdiv(k, block))](
             x2, order, pos if pos is not None else order, values, indices, M, k, order.shape[1], x2.stride(0),
             x2.stride(1), PER_ROW=pos is not None, PACKED=order.dtype == torch.int64, ROWS=rows, BLOCK=block)
     return values, indices
@@ -244,8 +244,8 @@ def _gather(x2: torch.Tensor, order: torch.Tensor, k: int, pos: torch.Tensor | N
 @triton.jit
 def _place_kernel(g_ptr, index_ptr, out_ptr, K, N, BLOCK: tl.constexpr):
     """out[m, index[m, j]] = g[m, j]: indices of a row are distinct (a sort's), so plain stores suffice."""
-    row = tl.program_id(1).to(tl.int64)
-    j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    row = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     live = j < K
     g = tl.load(g_ptr + row * K + j, mask=live)
     index = tl.load(index_ptr + row * K + j, mask=live, other=0)
@@ -257,7 +257,7 @@ def place(g: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
     M, K = g.shape
     out = torch.zeros((M, n), dtype=g.dtype, device=g.device)
     if M and K:
-        _place_kernel[(cdiv(K, BLOCK), M)](g.contiguous(), index.contiguous(), out, K, n,
+        _place_kernel[(M, cdiv(K, BLOCK))](g.contiguous(), index.contiguous(), out, K, n,
                                            BLOCK=min(BLOCK, triton.next_power_of_2(K)))
     return out
 
@@ -423,8 +423,8 @@ def unique(x: torch.Tensor, *, return_inverse: bool = False, return_counts: bool
 @triton.jit
 def _draw_kernel(cdf_ptr, out_ptr, state_ptr, N, S, steps, BLOCK: tl.constexpr):
     """out[m, s] = first i with cdf[m, i] > u * cdf[m, N - 1], u = rand(seed, offset + m * S + s)."""
-    row = tl.program_id(1).to(tl.int64)
-    s = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     live = s < S
     seed = tl.load(state_ptr)
     base = tl.load(state_ptr + 1)
@@ -455,8 +455,8 @@ def _draw_kernel(cdf_ptr, out_ptr, state_ptr, N, S, steps, BLOCK: tl.constexpr):
 @triton.jit
 def _race_keys_kernel(p_ptr, key_ptr, state_ptr, N, stride_pm, stride_pn, BLOCK: tl.constexpr):
     """key[m, i] = -log(1 - u) / p[m, i] (inf where p = 0), u = rand(seed, offset + m * N + i)."""
-    row = tl.program_id(1).to(tl.int64)
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    row = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     live = i < N
     p = tl.load(p_ptr + row * stride_pm + i * stride_pn, mask=live, other=0).to(tl.float32)
     seed = tl.load(state_ptr)
@@ -478,11 +478,11 @@ def multinomial(p: torch.Tensor, num_samples: int, replacement: bool, state: tor
         weights = p if p.dtype in (torch.float32, torch.float64) else p.to(torch.float32)
         cdf = scan_kernels.scan(weights, dim=1, op="sum").contiguous()
         block = min(BLOCK, triton.next_power_of_2(num_samples))
-        _draw_kernel[(cdiv(num_samples, block), M)](cdf, out, state, N, num_samples, N.bit_length() + 1, BLOCK=block)
+        _draw_kernel[(M, cdiv(num_samples, block))](cdf, out, state, N, num_samples, N.bit_length() + 1, BLOCK=block)
         return out
     keys = torch.empty((M, N), dtype=torch.float32, device=p.device)
     block = min(BLOCK, triton.next_power_of_2(N))
-    _race_keys_kernel[(cdiv(N, block), M)](p, keys, state, N, p.stride(0), p.stride(1), BLOCK=block)
+    _race_keys_kernel[(M, cdiv(N, block))](p, keys, state, N, p.stride(0), p.stride(1), BLOCK=block)
     order = sorted_rows(keys, False, cap=num_samples)
     return _gather(keys, order, num_samples)[1]
 
