@@ -124,7 +124,7 @@ def test_split_path(monkeypatch):
         check(op, x, dims=1)
     check("argmin", x, dim=1)
     check("all", x > -3.0, dims=1)
-    check("prod", 1.0 + 0.001 * x, dims=1)
+    check("prod", 1.0 + 0.001 * x[:, :1100], dims=1)
 
 
 def grad_check(fn, x64, seed=7, dtype=torch.float32):

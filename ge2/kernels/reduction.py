@@ -78,7 +78,6 @@ _OUTER_CONFIGS = [
 ]
 # Under the interpreter (no tuning) large tiles keep the program and loop counts, its cost, low.
 _INTERPRETER_CONFIG = triton.Config({"BLOCK_M": 128, "BLOCK_N": 256}, num_warps=4)
-_INTERPRETER_PROD_CONFIG = triton.Config({"BLOCK_M": 8, "BLOCK_N": 64}, num_warps=4)
 
 
 def _prune(configs, named_args, **kwargs):
@@ -311,9 +310,10 @@ def _launch(x, M, N, m_side, n_side, op, acc, out, index_out=None, index_in=None
         _reduce_kernel[grid](*args, **constexprs)
     else:  # never tuned: skip the autotuner's per-call bookkeeping, take the config it would pin
         config = _INTERPRETER_CONFIG if INTERPRETER else (_INNER_CONFIGS if inner else _OUTER_CONFIGS)[0]
+        kwargs = config.all_kwargs()
         if INTERPRETER and op == PROD:  # the interpreter multiplies a tile's lanes one by one: keep tiles small
-            config = _INTERPRETER_PROD_CONFIG
-        _reduce_kernel.fn[grid](*args, **constexprs, **config.all_kwargs())
+            kwargs.update(BLOCK_M=8, BLOCK_N=min(64, triton.next_power_of_2(max(chunk, 1))))
+        _reduce_kernel.fn[grid](*args, **constexprs, **kwargs)
 
 
 def _splits(M: int, N: int, inner: bool, device: torch.device) -> int:
