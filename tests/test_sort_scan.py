@@ -277,6 +277,24 @@ def test_multinomial_api():
     assert one.shape == (3,) and 1 not in one.data.tolist() and len(set(one.data.tolist())) == 3
 
 
+def test_multinomial_in_a_captured_step():
+    """Replays of a captured step draw afresh (the state advances on the device) and match the oracle."""
+    from ge2.autograd.dropout import default_rng_state
+
+    p = ge2.from_torch(torch.rand(2, 33, generator=torch.Generator().manual_seed(23)).to(DEVICE))
+    step = ge2.capture(lambda w: (ge2.multinomial(w, 6, replacement=True), ge2.multinomial(w, 6)), warmup=1)
+    state = default_rng_state(p.device)
+    draws = []
+    for _ in range(4):
+        before = state.clone()
+        with_r, without_r = (t.data.clone() for t in step(p))
+        assert torch.equal(with_r, oracle("multinomial_sample", p.data, before, num_samples=6, replacement=True))
+        before[1] += 2 * 6
+        assert torch.equal(without_r, oracle("multinomial_sample", p.data, before, num_samples=6, replacement=False))
+        draws.append(with_r)
+    assert not torch.equal(draws[2], draws[3])
+
+
 # ---------------------------------------------------------------------------------------------
 # refusals
 # ---------------------------------------------------------------------------------------------
