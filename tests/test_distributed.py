@@ -231,10 +231,10 @@ def test_post_accumulate_grad_hook_once_per_backward_after_the_sum():
     import ge2
     from ge2.autograd import engine
 
-    w = ge2.from_torch(torch.tensor([1.5, -2.0, 0.25]), requires_grad=True)
+    w = ge2.from_torch(torch.tensor([1.5, -2.0, 0.25], device=ge2.device()), requires_grad=True)
     seen = []
-    handle = w.register_post_accumulate_grad_hook(lambda t: seen.append(t.grad.data.clone()))
-    x = ge2.from_torch(torch.tensor([0.5, 3.0, -1.0]))
+    handle = w.register_post_accumulate_grad_hook(lambda t: seen.append(t.grad.data.cpu()))
+    x = ge2.from_torch(torch.tensor([0.5, 3.0, -1.0], device=ge2.device()))
     ((w * x).sum() + (w * w).sum()).backward()  # w reaches the loss through two edges
     assert len(seen) == 1 and torch.equal(seen[0], torch.tensor([0.5, 3.0, -1.0]) + 2 * torch.tensor([1.5, -2.0, 0.25]))
     (w * x).sum().backward()

@@ -7,6 +7,8 @@ take_along_dim, nonzero, one_hot; duplicates accumulating in every backward that
 out-of-range and bad-argument errors; a hypothesis property test of reads and writes; no torch
 arithmetic in the path.
 """
+import contextlib
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -333,43 +335,51 @@ def test_nonzero_and_one_hot():
 # ---------------------------------------------------------------------------------------------
 # errors
 # ---------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def raises_now(exc, match):
+    """pytest.raises that also waits for a deferred out-of-range count (on the GPU it arrives after the launch)."""
+    with pytest.raises(exc, match=match):
+        yield
+        ge2.check_pending_indices()
+
+
 def test_errors():
     x = T(randn(4, 5, seed=32))
-    with pytest.raises(ValueError, match=r"index: 1 index value\(s\) out of range: dim 0 has size 4"):
+    with raises_now(ValueError, match=r"index: 1 index value\(s\) out of range: dim 0 has size 4"):
         x[T(idx(0, 4))]
-    with pytest.raises(ValueError, match="index_put: 1 index value"):
+    with raises_now(ValueError, match="index_put: 1 index value"):
         x[T(idx(-5)), 1] = 0.0
-    with pytest.raises(ValueError, match=r"gather: 1 index value\(s\) out of range: gather indices must be in \[0, 5\)"):
+    with raises_now(ValueError, match=r"gather: 1 index value\(s\) out of range: gather indices must be in \[0, 5\)"):
         x.gather(1, T(idx([[5]])))
-    with pytest.raises(ValueError, match="scatter_add: 2 index value"):
+    with raises_now(ValueError, match="scatter_add: 2 index value"):
         ge2.scatter_add(x, 0, T(idx([[-1, 4]])), T(randn(1, 2, seed=33)))
-    with pytest.raises(ValueError, match="index_select: 1 index value"):
+    with raises_now(ValueError, match="index_select: 1 index value"):
         x.index_select(1, T(idx(-1)))
-    with pytest.raises(ValueError, match=r"one_hot: 1 index value.*\[0, 3\)"):
+    with raises_now(ValueError, match=r"one_hot: 1 index value.*\[0, 3\)"):
         F.one_hot(T(idx(0, 3)), 3)
-    with pytest.raises(IndexError, match=r"mask of shape \[3\] does not match"):
+    with raises_now(IndexError, match=r"mask of shape \[3\] does not match"):
         x[T(idx(True, False, True))]
-    with pytest.raises(IndexError, match="could not be broadcast"):
+    with raises_now(IndexError, match="could not be broadcast"):
         x[T(idx(0, 1)), T(idx(0, 1, 2))]
-    with pytest.raises(TypeError, match="integer or bool"):
+    with raises_now(TypeError, match="integer or bool"):
         x[T(torch.zeros(2, device=DEVICE))]
-    with pytest.raises(TypeError, match="wrap it with ge2.from_torch"):
+    with raises_now(TypeError, match="wrap it with ge2.from_torch"):
         x[idx(0)]
-    with pytest.raises(IndexError, match="too many indices"):
+    with raises_now(IndexError, match="too many indices"):
         x[T(idx(0)), 0, 0]
-    with pytest.raises(ValueError, match=r"index larger than x|is larger than x"):
+    with raises_now(ValueError, match=r"index larger than x|is larger than x"):
         x.gather(0, T(torch.zeros(2, 6, dtype=torch.int64, device=DEVICE)))
-    with pytest.raises(TypeError, match="src has dtype"):
+    with raises_now(TypeError, match="src has dtype"):
         ge2.scatter_add(x, 0, T(idx([[0]])), T(torch.ones(1, 1, dtype=torch.float64, device=DEVICE)))
-    with pytest.raises(ValueError, match="cannot be broadcast"):
+    with raises_now(ValueError, match="cannot be broadcast"):
         x[T(idx(0, 1))] = T(randn(3, 5, seed=34))
-    with pytest.raises(ValueError, match=r"value of shape \[2, 3\] cannot be broadcast to the indexed shape \[2, 1\]"):
+    with raises_now(ValueError, match=r"value of shape \[2, 3\] cannot be broadcast to the indexed shape \[2, 1\]"):
         x[T(idx(0, 1)), 1:2] = T(randn(2, 3, seed=35))
-    with pytest.raises(TypeError, match="int64"):
+    with raises_now(TypeError, match="int64"):
         x.gather(0, T(idx([[0]]).int()))
-    with pytest.raises(ValueError, match="index: step must be greater than zero"):
+    with raises_now(ValueError, match="index: step must be greater than zero"):
         x[::-1, T(idx(0))]
-    with pytest.raises(IndexError, match=r"index: index 7 is out of bounds.*tensor shape \[4, 5\]"):
+    with raises_now(IndexError, match=r"index: index 7 is out of bounds.*tensor shape \[4, 5\]"):
         x[7, T(idx(0))] = 1.0
 
 

@@ -60,7 +60,7 @@ def _map(o, shift, size, MODE: tl.constexpr):
 @triton.jit
 def remap_kernel(
     x_ptr, y_ptr, fill_ptr, table_ptr, x0, rows, cols, col_tiles, diag,
-    OUT: tuple, SHIFT: tuple, SIZE: tuple, XS: tuple, YS: tuple,
+    OUT, SHIFT, SIZE, XS, YS,  # tuples of NDIM ints (shape, shift, size, x and y strides)
     NDIM: tl.constexpr, MODE: tl.constexpr, TRI: tl.constexpr, TABLE_DIM: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK: tl.constexpr,
 ):
