@@ -10,8 +10,10 @@ from tests.numerics import DEVICE, assert_matches, randn
 
 
 def _pair(**kw):
+    """torch's layer and ge2's from the same seed, both initialised on the test device (the CPU's and
+    a GPU's generators draw different numbers)."""
     torch.manual_seed(11)
-    t = torch.nn.TransformerEncoderLayer(**kw).to(DEVICE)
+    t = torch.nn.TransformerEncoderLayer(**kw, device=DEVICE)
     torch.manual_seed(11)
     g = nn.TransformerEncoderLayer(**kw)
     return t, g

@@ -31,9 +31,10 @@ import triton.language as tl
 
 from ge2 import runtime
 
-WRAP, CONSTANT, REFLECT, REPLICATE = 0, 1, 2, 3
+# constexpr: the kernels compare their MODE/TRI arguments with these (Triton reads only constexpr globals)
+WRAP, CONSTANT, REFLECT, REPLICATE = (tl.constexpr(i) for i in range(4))
 MODES = {"circular": WRAP, "constant": CONSTANT, "reflect": REFLECT, "replicate": REPLICATE}
-NO_TRI, TRIL, TRIU = 0, 1, 2
+NO_TRI, TRIL, TRIU = (tl.constexpr(i) for i in range(3))
 
 # Memory-bound: 1-8K elements a program. The interpreter's cost is per program, so it takes 4096.
 CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((1024, 4), (2048, 4), (4096, 4), (4096, 8), (8192, 8))]

@@ -30,9 +30,10 @@ import triton.language as tl
 from ge2 import runtime
 from ge2.kernels import layout
 
-NEAREST, NEAREST_EXACT, LINEAR, CUBIC = 0, 1, 2, 3
+# constexpr: the kernels compare their MODE argument with these (Triton reads only constexpr globals)
+NEAREST, NEAREST_EXACT, LINEAR, CUBIC = (tl.constexpr(i) for i in range(4))
 TAPS = {NEAREST: 1, NEAREST_EXACT: 1, LINEAR: 2, CUBIC: 4}
-CUBIC_A = -0.75
+CUBIC_A = tl.constexpr(-0.75)
 
 CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((512, 4), (1024, 4), (2048, 4), (2048, 8), (4096, 8))]
 INTERPRETER_CONFIG = triton.Config({"BLOCK": 2048}, num_warps=4)
