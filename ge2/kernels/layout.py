@@ -47,7 +47,8 @@ def _map(o, shift, size, MODE: tl.constexpr):
     """(source index, in bounds) of output index o along one dim."""
     t = o + shift
     if MODE == WRAP:
-        t = t % size
+        t = t % size  # the sign of the dividend on the GPU (C's remainder): fold negatives up
+        t = tl.where(t < 0, t + size, t)
     elif MODE == REFLECT:
         t = tl.abs(t)
         t = tl.where(t >= size, 2 * (size - 1) - t, t)
@@ -76,7 +77,7 @@ def remap_kernel(
     row_o = r  # the index along dim NDIM - 2 (TRI compares it with the column)
     rem = r
     for k in tl.static_range(NDIM - 1):
-        d: tl.constexpr = NDIM - 2 - k
+        d = NDIM - 2 - k  # constexpr: k is a static_range index
         o = rem % OUT[d]
         rem = rem // OUT[d]
         if d == TABLE_DIM:

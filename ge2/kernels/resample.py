@@ -141,15 +141,10 @@ def _tap(t, k: tl.constexpr, TAPS: tl.constexpr):
 
 
 @triton.jit
-def _offset(TAPS: tl.constexpr):
-    return -1 if TAPS == 4 else 0
-
-
-@triton.jit
 def _weight_on(o, i, S, a, MODE: tl.constexpr, ALIGN: tl.constexpr, TAPS: tl.constexpr):
     """The weight output o gives input i (sum over its taps that clamp onto i)."""
     i0, t = _source(o, a, MODE, ALIGN)
-    OFF: tl.constexpr = _offset(TAPS)
+    OFF: tl.constexpr = -(TAPS // 4)  # cubic's taps start one before i0
     w = tl.zeros(t.shape, tl.float32)
     for k in tl.static_range(TAPS):
         idx = tl.minimum(tl.maximum(i0 + (k + OFF), 0), S - 1)
@@ -160,7 +155,7 @@ def _weight_on(o, i, S, a, MODE: tl.constexpr, ALIGN: tl.constexpr, TAPS: tl.con
 @triton.jit
 def _readers(i, S, So, a, b, TAPS: tl.constexpr):
     """(first, count) of the outputs whose taps may read input i (one index of slack each side)."""
-    OFF: tl.constexpr = _offset(TAPS)
+    OFF: tl.constexpr = -(TAPS // 4)  # cubic's taps start one before i0
     lo_i = i - (OFF + TAPS - 1)
     hi_i = i - OFF
     safe_a = tl.where(a > 0, a, 1.0)
@@ -196,14 +191,14 @@ def interpolate_fwd_kernel(
     w0, tw = _source(ow, aw, MODE, ALIGN)
     acc = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
     for kd in tl.static_range(TD):
-        di = tl.minimum(tl.maximum(d0 + (kd + _offset(TD)), 0), ID - 1)
+        di = tl.minimum(tl.maximum(d0 + (kd - TD // 4), 0), ID - 1)
         wd = _tap(td, kd, TD)
         for kh in tl.static_range(TH):
-            hi = tl.minimum(tl.maximum(h0 + (kh + _offset(TH)), 0), IH - 1)
+            hi = tl.minimum(tl.maximum(h0 + (kh - TH // 4), 0), IH - 1)
             wdh = wd * _tap(th, kh, TH)
             row = base + di.to(tl.int64) * sxd + hi.to(tl.int64) * sxh
             for kw in tl.static_range(TW):
-                wi = tl.minimum(tl.maximum(w0 + (kw + _offset(TW)), 0), IW - 1)
+                wi = tl.minimum(tl.maximum(w0 + (kw - TW // 4), 0), IW - 1)
                 v = tl.load(x_ptr + row[:, None] + wi.to(tl.int64)[None, :] * sxw, mask=mask, other=0.0)
                 acc += (wdh[:, None] * _tap(tw, kw, TW)[None, :]) * v.to(tl.float32)
     tl.store(y_ptr + r[:, None] * OW + ow[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
