@@ -77,19 +77,20 @@ def remap_kernel(
     row_o = r  # the index along dim NDIM - 2 (TRI compares it with the column)
     rem = r
     for k in tl.static_range(NDIM - 1):
-        d = NDIM - 2 - k  # constexpr: k is a static_range index
-        o = rem % OUT[d]
-        rem = rem // OUT[d]
-        if d == TABLE_DIM:
+        # dims NDIM-2 .. 0 as the constexpr NDIM - 2 - k, written out: a name rebound to a new constexpr
+        # in each unrolled iteration becomes a tensor on the GPU
+        o = rem % OUT[NDIM - 2 - k]
+        rem = rem // OUT[NDIM - 2 - k]
+        if NDIM - 2 - k == TABLE_DIM:
             t = tl.load(table_ptr + o, mask=ok_r, other=0)
         else:
-            t, inb = _map(o, SHIFT[d], SIZE[d], MODE)
+            t, inb = _map(o, SHIFT[NDIM - 2 - k], SIZE[NDIM - 2 - k], MODE)
             if MODE == CONSTANT:
                 ok_r = ok_r & inb
-        if d == NDIM - 2:
+        if k == 0:
             row_o = o
-        src_r += t * XS[d]
-        dst_r += o * YS[d]
+        src_r += t * XS[NDIM - 2 - k]
+        dst_r += o * YS[NDIM - 2 - k]
     D: tl.constexpr = NDIM - 1
     mask_c = c < cols
     if D == TABLE_DIM:
