@@ -310,10 +310,11 @@ def pad_backward_1d_kernel(g_ptr, gx_ptr, total, L, M, inner, lo, sgo, sgl, sgi,
         first = mask & (j == 0)
         last = mask & (j == L - 1)
         for k in range(0, extra):
-            o = lo - 1 - k  # left of the copied block, owned by j = 0
-            acc += tl.load(base + o * sgl, mask=first & (o >= 0) & (o < M), other=0.0).to(ACC)
-            o = lo + L + k  # right of it, owned by j = L - 1
-            acc += tl.load(base + o * sgl, mask=last & (o >= 0) & (o < M), other=0.0).to(ACC)
+            # scalars of their own: rebinding the vector o inside the loop would change a loop-carried type
+            left = lo - 1 - k  # left of the copied block, owned by j = 0
+            acc += tl.load(base + left * sgl, mask=first & (left >= 0) & (left < M), other=0.0).to(ACC)
+            right = lo + L + k  # right of it, owned by j = L - 1
+            acc += tl.load(base + right * sgl, mask=last & (right >= 0) & (right < M), other=0.0).to(ACC)
     tl.store(gx_ptr + offs, acc.to(gx_ptr.dtype.element_ty), mask=mask)
 
 
