@@ -53,3 +53,24 @@ def randn(*shape: int, dtype=torch.float32, device=None, noncontig: bool = False
         wide = torch.randn(*shape[:-1], 2 * shape[-1], generator=g, dtype=torch.float64)
         return wide.to(device=device, dtype=dtype)[..., 1::2]
     return torch.randn(shape, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+
+
+def grad_check(fn, x64: torch.Tensor, *, seed: int, dtype: torch.dtype) -> None:
+    """fn on a ge2 Tensor and on torch tensors: ge2's output and input gradient (for a random output
+    gradient) vs torch autograd in ``dtype`` and float64, x64 the float64 input; a tuple output is
+    judged by its first element."""
+    x = x64.to(dtype)
+    t = ge2.from_torch(x.clone()).requires_grad_()
+    out = fn(t)
+    out = out[0] if isinstance(out, tuple) else out
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(x.device)
+    (out * ge2.from_torch(g.to(dtype))).sum().backward()
+    refs = []
+    for dt in (dtype, torch.float64):
+        xt = x64.to(dt).clone().requires_grad_()
+        o = fn(xt)
+        o = o[0] if isinstance(o, tuple) else o
+        (o * g.to(dt)).sum().backward()
+        refs.append((o.detach(), xt.grad))
+    assert_matches(out.data, refs[1][0], refs[0][0], name="forward")
+    assert_matches(t.grad.data, refs[1][1], refs[0][1], name="gradient")

@@ -2,6 +2,7 @@
 logsumexp, all/any (backend level: triton vs the torch oracle and float64), their gradients through
 ge2.Tensor against torch autograd, NaN/inf/empty/0-d edge cases, the split path, and the refusals.
 """
+import functools
 import math
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 import ge2
 from ge2.backend import call
 from ge2.kernels import reduction as R
+import numerics
 from numerics import DEVICE, LARGE, assert_matches
 
 def oracle(op, x, **attrs):
@@ -127,23 +129,7 @@ def test_split_path(monkeypatch):
     check("prod", 1.0 + 0.001 * x[:, :1100], dims=1)
 
 
-def grad_check(fn, x64, seed=7, dtype=torch.float32):
-    """ge2's output and input gradient vs torch autograd (same dtype) and float64."""
-    x = x64.to(dtype)
-    t = ge2.from_torch(x.clone()).requires_grad_()
-    out = fn(t)
-    out = out[0] if isinstance(out, tuple) else out
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(x.device)
-    (out * ge2.from_torch(g.to(dtype))).sum().backward()
-    refs = []
-    for dt in (dtype, torch.float64):
-        xt = x64.to(dt).clone().requires_grad_()
-        o = fn(xt)
-        o = o[0] if isinstance(o, tuple) else o
-        (o * g.to(dt)).sum().backward()
-        refs.append((o.detach(), xt.grad))
-    assert_matches(out.data, refs[1][0], refs[0][0], name="forward")
-    assert_matches(t.grad.data, refs[1][1], refs[0][1], name="gradient")
+grad_check = functools.partial(numerics.grad_check, seed=7, dtype=torch.float32)
 
 
 @pytest.mark.parametrize("name,fn", [

@@ -4,6 +4,7 @@ segmented long rows, gradients incl. cumprod at zeros), sort/argsort (stable, ex
 merges, ties, NaN, gradients), unique (inverse, counts, NaN), multinomial (the oracle's Philox
 draws, both modes, fresh draws per call), and the refusals.
 """
+import functools
 import math
 
 import pytest
@@ -13,6 +14,7 @@ import ge2
 from ge2.backend import call
 from ge2.kernels import scan as SC
 from ge2.kernels import sort as SO
+import numerics
 from numerics import DEVICE, LARGE, assert_matches
 
 
@@ -80,23 +82,7 @@ def test_scan_segmented_rows(monkeypatch):
     check_scan("logcumsumexp", x, 1)
 
 
-def grad_check(fn, x64, seed=4, dtype=torch.float64):
-    """ge2's output and input gradient vs torch autograd (same dtype) and float64."""
-    x = x64.to(dtype)
-    t = ge2.from_torch(x.clone()).requires_grad_()
-    out = fn(t)
-    out = out[0] if isinstance(out, tuple) else out
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(x.device)
-    (out * ge2.from_torch(g.to(dtype))).sum().backward()
-    refs = []
-    for dt in (dtype, torch.float64):
-        xt = x64.to(dt).clone().requires_grad_()
-        o = fn(xt)
-        o = o[0] if isinstance(o, tuple) else o
-        (o * g.to(dt)).sum().backward()
-        refs.append((o.detach(), xt.grad))
-    assert_matches(out.data, refs[1][0], refs[0][0], name="forward")
-    assert_matches(t.grad.data, refs[1][1], refs[0][1], name="gradient")
+grad_check = functools.partial(numerics.grad_check, seed=4, dtype=torch.float64)
 
 
 def test_scan_gradients():

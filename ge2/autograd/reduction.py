@@ -29,10 +29,6 @@ def _tensor(op: str, x) -> Tensor:
     return x
 
 
-def _keep(shape, dims) -> tuple[int, ...]:
-    return tuple(1 if i in dims else s for i, s in enumerate(shape))
-
-
 def _one_dim(op: str, dim, ndim: int) -> int:
     if not isinstance(dim, int) or isinstance(dim, bool):
         raise TypeError(f"{op}: dim must be an int, got {dim!r}")
@@ -199,7 +195,7 @@ class Prod(Function):
     @staticmethod
     def backward(ctx, g):
         x, y = ctx.saved_tensors
-        keep = _keep(x.shape, ctx.dims)
+        keep = M._keepdim_shape(x.shape, ctx.dims)
         g, y = g.reshape(keep), y.reshape(keep)
         is_zero = call("eq", x, 0)
         zeros = call("sum", is_zero, dims=ctx.dims, keepdim=True)
@@ -232,7 +228,7 @@ class Variance(Function):
     @staticmethod
     def backward(ctx, g):
         x, y = ctx.saved_tensors
-        keep = _keep(x.shape, ctx.dims)
+        keep = M._keepdim_shape(x.shape, ctx.dims)
         g, y = g.reshape(keep), y.reshape(keep)
         deviation = call("sub", x, call("mean", x, dims=ctx.dims, keepdim=True))
         if ctx.op == "var":  # d var / dx = 2 (x - mean) / (N - correction)
@@ -277,7 +273,7 @@ class VectorNorm(Function):
     @staticmethod
     def backward(ctx, g):
         x, y = ctx.saved_tensors
-        keep = _keep(x.shape, ctx.dims)
+        keep = M._keepdim_shape(x.shape, ctx.dims)
         g, y = g.reshape(keep), y.reshape(keep)
         p = ctx.ord
         if p == 0:
@@ -329,7 +325,7 @@ class LogSumExp(Function):
     @staticmethod
     def backward(ctx, g):
         x, y = ctx.saved_tensors
-        keep = _keep(x.shape, ctx.dims)
+        keep = M._keepdim_shape(x.shape, ctx.dims)
         return call("mul", g.reshape(keep), call("exp", call("sub", x, y.reshape(keep)))), None, None  # softmax
 
 
