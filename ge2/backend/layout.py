@@ -14,6 +14,7 @@ Data movement only: every dtype (float, int, bool); results contiguous.
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -63,12 +64,7 @@ def _repeat_interleave(x, *, repeats, dim):
 
 
 def _repeat_interleave_backward(gy, ends, *, repeats, dim, n):
-    outer = 1
-    for s in gy.shape[:dim]:
-        outer *= s
-    inner = 1
-    for s in gy.shape[dim + 1:]:
-        inner *= s
+    outer, inner = math.prod(gy.shape[:dim]), math.prod(gy.shape[dim + 1:])
     g3 = gy.reshape(outer, gy.shape[dim], inner)
     gx = K.segment_sum(g3, n, repeats=repeats, ends=ends)
     return gx.reshape(*gy.shape[:dim], n, *gy.shape[dim + 1:])

@@ -13,6 +13,8 @@ output size is data-dependent, so it reads the count back to the host (one sync,
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -214,12 +216,7 @@ def index_put_along(x: torch.Tensor, dim: int, index: torch.Tensor, src, mode: s
     target = x
     if mode == "add" and x.dtype not in S.ATOMIC_DTYPES:
         target = x.to(S.accumulate_dtype(x.dtype))
-    P = 1
-    for s in x.shape[:dim]:
-        P *= s
-    Q = 1
-    for s in x.shape[dim + 1:]:
-        Q *= s
+    P, Q = math.prod(x.shape[:dim]), math.prod(x.shape[dim + 1:])
     if isinstance(src, torch.Tensor):
         val = src.contiguous()
         vs = (n * Q, Q, 1)

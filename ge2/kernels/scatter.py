@@ -27,6 +27,7 @@ over P x Q.
 from __future__ import annotations
 
 import collections
+import math
 
 import torch
 import triton
@@ -389,9 +390,7 @@ def _walk_strides(t: torch.Tensor, dim: int) -> tuple[torch.Tensor, tuple[int, i
     if pre.merged and post.merged:
         return t, (pre.stride, strides[dim], post.stride)
     t = t.contiguous()
-    q = 1
-    for s in shape[dim + 1:]:
-        q *= s
+    q = math.prod(shape[dim + 1:])
     return t, (shape[dim] * q, q, 1)
 
 
