@@ -117,6 +117,14 @@ def gpt_pair(cfg: dict):
     return ref, mine
 
 
+def _cycle(step, batches, it):
+    """A zero-argument call of step on the next batch in turn (it: the position, shared by a row's variants)."""
+    def run():
+        it[0] += 1
+        return step(*batches[it[0] % len(batches)])
+    return run
+
+
 def torch_gpt_variants(model: TorchGPT, batches, compile_it: bool):
     """torch eager, whole-step CUDA graph and torch.compile steps of a bf16-autocast GPT."""
     it = [0]
@@ -134,19 +142,12 @@ def torch_gpt_variants(model: TorchGPT, batches, compile_it: bool):
     eager_step = make_step(model, model.configure_optimizer(GPT_LR, fused=True), True)
     graph_step = make_step(model, model.configure_optimizer(GPT_LR, fused=True, capturable=True), False)
 
-    def eager():
-        it[0] += 1
-        return eager_step(*batches[it[0] % len(batches)])
-
+    eager = _cycle(eager_step, batches, it)
     replay = _torch_graph(graph_step, batches, it)
     compiled = None
     if compile_it:
-        compiled_step = make_step(torch.compile(model), model.configure_optimizer(GPT_LR, fused=True), True)
-
-        def compiled():
-            it[0] += 1
-            return compiled_step(*batches[it[0] % len(batches)])
-
+        compiled = _cycle(make_step(torch.compile(model), model.configure_optimizer(GPT_LR, fused=True), True),
+                          batches, it)
         compiled()  # compile outside the timing
     return eager, replay, compiled
 
@@ -196,14 +197,7 @@ def _ge2_runners(step, batches):
     it = [0]
     captured = ge2.capture(step)
 
-    def eager():
-        it[0] += 1
-        return step(*gbatches[it[0] % len(gbatches)])
-
-    def replay():
-        it[0] += 1
-        return captured(*gbatches[it[0] % len(gbatches)])
-
+    eager, replay = _cycle(step, gbatches, it), _cycle(captured, gbatches, it)
     for _ in range(3):
         replay()  # two warm-up steps and the capture
     return eager, replay, captured
@@ -220,24 +214,20 @@ def torch_variants(model: torch.nn.Module, batches, compile_it: bool):
         opt.step()
         return loss
 
-    def eager():
-        it[0] += 1
-        return step(*batches[it[0] % len(batches)])
-
+    eager = _cycle(step, batches, it)
     replay = _torch_graph(step, batches, it)
     compiled = None
     if compile_it:
         fwd = torch.compile(lambda x, y: torch.nn.functional.cross_entropy(model(x), y))
 
-        def compiled():
-            it[0] += 1
-            x, y = batches[it[0] % len(batches)]
+        def compiled_step(x, y):
             opt.zero_grad(set_to_none=True)
             loss = fwd(x, y)
             loss.backward()
             opt.step()
             return loss
 
+        compiled = _cycle(compiled_step, batches, it)
         compiled()  # compile outside the timing
     return eager, replay, compiled
 
