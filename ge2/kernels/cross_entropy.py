@@ -29,12 +29,11 @@ count is copied to pinned memory behind an event and raised by the next class-ta
 """
 from __future__ import annotations
 
-import collections
-
 import torch
 import triton
 import triton.language as tl
 
+from ge2.kernels.deferred import DeferredCounts
 from ge2.kernels.elementwise import _float_arg, _float_bits
 from ge2.kernels.losses import partial_dtype, sum_to_scalar
 from ge2.kernels.softmax import compute_dtype, num_warps_configs, prune_by_elements_per_thread, row_offsets, row_view
@@ -566,8 +565,7 @@ def target_stats(op: str, target: torch.Tensor, n_classes: int, *, weight: torch
 
     First raises any out-of-range count an earlier GPU call left pending whose copy has landed.
     """
-    if _PENDING and not (target.is_cuda and torch.cuda.is_current_stream_capturing()):  # no event query in a capture
-        check_pending_targets(wait=False)
+    _DEFERRED.poll(target.device)
     stats = torch.empty(3, dtype=dtype, device=target.device)
     t, st_o, st_i = _target_rows(target)
     # a batch's targets in one step where they fit: the one program's loop is a chain of dependent loads
@@ -587,29 +585,12 @@ def raise_on_bad_targets(op: str, stats: torch.Tensor, n_classes: int, ignore_in
     count is copied to pinned memory behind an event, with no host sync, and raised by the next
     class-target call that finds the copy done, or by ``check_pending_targets()``.
     """
-    if check is False:
-        return
-    if stats.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
-    if check or not stats.is_cuda:
-        n_bad = int(stats[2].item())
-        if n_bad:
-            raise ValueError(_bad_targets_message(op, n_bad, n_classes, ignore_index))
-        return
-    host = next((h for h in _PINNED if h.dtype == stats.dtype), None)
-    if host is None:
-        host = torch.empty(1, dtype=stats.dtype, pin_memory=True)
-    else:
-        _PINNED.remove(host)
-    host.copy_(stats[2:3], non_blocking=True)
-    done = torch.cuda.Event()
-    done.record()
-    _PENDING.append((op, host, done, n_classes, ignore_index))
+    _DEFERRED.report(stats[2:3], lambda n_bad: _bad_targets_message(op, n_bad, n_classes, ignore_index), check)
 
 
-def _bad_targets_message(op: str, n_bad: int, n_classes: int, ignore_index: int, note: str = "") -> str:
+def _bad_targets_message(op: str, n_bad: int, n_classes: int, ignore_index: int) -> str:
     return (f"{op}: {n_bad} target value(s) out of range: class targets must be in [0, {n_classes}) "
-            f"or equal ignore_index={ignore_index}{note}")
+            f"or equal ignore_index={ignore_index}")
 
 
 def check_pending_targets(wait: bool = True) -> None:
@@ -618,24 +599,11 @@ def check_pending_targets(wait: bool = True) -> None:
     Called without waiting at the start of every class-target op (cross_entropy, nll_loss,
     linear_cross_entropy); call it with wait=True where an error must surface (end of a step).
     """
-    while _PENDING:
-        op, host, done, n_classes, ignore_index = _PENDING[0]
-        if not wait and not done.query():
-            return
-        done.synchronize()
-        _PENDING.popleft()
-        n_bad = int(host.item())
-        _PINNED.append(host)
-        if n_bad:
-            raise ValueError(_bad_targets_message(
-                op, n_bad, n_classes, ignore_index,
-                " (found by an earlier call and reported without a host sync; check_targets=True raises "
-                "at the call itself)"))
+    _DEFERRED.raise_pending(wait)
 
 
-# Deferred target checks: (op, pinned count, event, C, ignore_index), oldest first; reusable pinned buffers.
-_PENDING: collections.deque = collections.deque()
-_PINNED: list[torch.Tensor] = []
+_DEFERRED = DeferredCounts(" (found by an earlier call and reported without a host sync; check_targets=True "
+                           "raises at the call itself)")
 
 
 def _class_rows(logits: torch.Tensor):

@@ -26,13 +26,13 @@ over P x Q.
 """
 from __future__ import annotations
 
-import collections
 import math
 
 import torch
 import triton
 import triton.language as tl
 
+from ge2.kernels.deferred import DeferredCounts
 from ge2.runtime import cdiv
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -211,51 +211,25 @@ def mean_finalize_kernel(acc_ptr, cnt_ptr, n, IS_INT: tl.constexpr, BLOCK: tl.co
 # ---------------------------------------------------------------------------------------------
 # index checks (deferred on the GPU)
 # ---------------------------------------------------------------------------------------------
-_PENDING: collections.deque = collections.deque()  # (op, what, pinned count, event), oldest first
-_PINNED: list[torch.Tensor] = []
+_DEFERRED = DeferredCounts(" (found by an earlier call and reported without a host sync; "
+                           "ge2.check_pending_indices() waits for them)")
 
 
 def new_counter(device: torch.device) -> torch.Tensor:
     """A device int32 [1] zero: the kernels count out-of-range indices into it."""
-    if _PENDING and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        check_pending_indices(wait=False)
+    _DEFERRED.poll(device)
     return torch.zeros(1, dtype=torch.int32, device=device)
-
-
-def _message(op: str, n_bad: int, what: str, note: str = "") -> str:
-    return f"{op}: {n_bad} index value(s) out of range: {what}{note}"
 
 
 def report_bad_indices(op: str, bad: torch.Tensor, what: str, check: bool | None = None) -> None:
     """Raise ValueError if ``bad`` counts out-of-range indices: now (CPU, check=True), deferred
     (GPU default: pinned copy behind an event, raised by a later call), never (check=False, capture)."""
-    if check is False or (bad.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return
-    if check or not bad.is_cuda:
-        n_bad = int(bad.item())
-        if n_bad:
-            raise ValueError(_message(op, n_bad, what))
-        return
-    host = _PINNED.pop() if _PINNED else torch.empty(1, dtype=torch.int32, pin_memory=True)
-    host.copy_(bad, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record()
-    _PENDING.append((op, what, host, done))
+    _DEFERRED.report(bad, lambda n_bad: f"{op}: {n_bad} index value(s) out of range: {what}", check)
 
 
 def check_pending_indices(wait: bool = True) -> None:
     """Raise the first out-of-range count that earlier GPU indexing calls left (waiting for them if ``wait``)."""
-    while _PENDING:
-        op, what, host, done = _PENDING[0]
-        if not wait and not done.query():
-            return
-        done.synchronize()
-        _PENDING.popleft()
-        n_bad = int(host.item())
-        _PINNED.append(host)
-        if n_bad:
-            raise ValueError(_message(op, n_bad, what, " (found by an earlier call and reported without a host "
-                                                      "sync; ge2.check_pending_indices() waits for them)"))
+    _DEFERRED.raise_pending(wait)
 
 
 # ---------------------------------------------------------------------------------------------
