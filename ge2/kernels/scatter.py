@@ -63,7 +63,7 @@ def digits_kernel(src_ptr, out_ptr, n, div, size, mult, out_stride,
 def count_bad(bad_ptr, n):
     """Add n out-of-range indices to the counter; no atomic when n is 0 (one address, every program)."""
     if n > 0:
-        tl.atomic_add(bad_ptr, n)
+        tl.atomic_add(bad_ptr, n, sem="relaxed")  # a plain count: no ordering needed
 
 
 @triton.jit
@@ -75,11 +75,23 @@ def _wrap_check(i, size, WRAP: tl.constexpr):
 
 
 @triton.jit
+def _walk_rows(BLOCK_R: tl.constexpr, ROWS32: tl.constexpr):
+    """This program's row numbers r = p * B + b: int32 where every row number fits (ROWS32), as the
+    split into (p, b) is then a 32-bit division instead of a 64-bit division's subroutine call."""
+    if ROWS32:
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    else:
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    return rows
+
+
+@triton.jit
 def _outer_offsets(rows, cols, live_r, live_c, B, sp, sq, ptab_ptr, qtab_ptr,
                    PTAB: tl.constexpr, QTAB: tl.constexpr):
-    """(p, b, P-offsets [rows], Q-offsets [cols]) of the walk's rows r = p * B + b."""
+    """(p, b, P-offsets [rows], Q-offsets [cols]) of the walk's rows r = p * B + b (p, b int64)."""
     p = rows // B
-    b = rows % B
+    b = (rows - p * B).to(tl.int64)
+    p = p.to(tl.int64)
     if PTAB:
         po = tl.load(ptab_ptr + p, mask=live_r, other=0)
     else:
@@ -94,9 +106,10 @@ def _outer_offsets(rows, cols, live_r, live_c, B, sp, sq, ptab_ptr, qtab_ptr,
 @triton.jit
 def gather_kernel(src_ptr, idx_ptr, out_ptr, bad_ptr, R, B, Q, size_d, stride_d, sp, sq, ptab_ptr, qtab_ptr,
                   sip, sib, siq, WRAP: tl.constexpr, CHECK: tl.constexpr, IDX_ROW: tl.constexpr,
-                  PTAB: tl.constexpr, QTAB: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr):
+                  PTAB: tl.constexpr, QTAB: tl.constexpr, ROWS32: tl.constexpr, BLOCK_R: tl.constexpr,
+                  BLOCK_Q: tl.constexpr):
     """out[r, q] (contiguous [P*B, Q]) = src[P-off(p) + index[p, b, q] * stride_d + Q-off(q)]."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rows = _walk_rows(BLOCK_R, ROWS32)
     cols = tl.program_id(1).to(tl.int64) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     live_r, live_c = rows < R, cols < Q
     p, b, po, qo = _outer_offsets(rows, cols, live_r, live_c, B, sp, sq, ptab_ptr, qtab_ptr, PTAB, QTAB)
@@ -118,16 +131,16 @@ def gather_kernel(src_ptr, idx_ptr, out_ptr, bad_ptr, R, B, Q, size_d, stride_d,
             own = ((p == 0) | (sip != 0))[:, None] & ((cols == 0) | (siq != 0))[None, :]
             count_bad(bad_ptr, tl.sum(tl.sum(tl.where(m & ~valid & own, 1, 0), axis=1), axis=0))
     v = tl.load(src_ptr + off, mask=ok, other=0)
-    tl.store(out_ptr + rows[:, None] * Q + cols[None, :], v.to(out_ptr.dtype.element_ty), mask=m)
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * Q + cols[None, :], v.to(out_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
 def scatter_kernel(dst_ptr, idx_ptr, val_ptr, bad_ptr, R, B, Q, size_d, stride_d, sp, sq, ptab_ptr, qtab_ptr,
                    sip, sib, siq, svp, svb, svq, alpha, ADD: tl.constexpr, ALPHA: tl.constexpr,
                    WRAP: tl.constexpr, CHECK: tl.constexpr, IDX_ROW: tl.constexpr, PTAB: tl.constexpr,
-                   QTAB: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr):
+                   QTAB: tl.constexpr, ROWS32: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr):
     """dst[P-off(p) + index[p, b, q] * stride_d + Q-off(q)] = (or +=, atomically) alpha * val[p, b, q]."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rows = _walk_rows(BLOCK_R, ROWS32)
     cols = tl.program_id(1).to(tl.int64) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     live_r, live_c = rows < R, cols < Q
     p, b, po, qo = _outer_offsets(rows, cols, live_r, live_c, B, sp, sq, ptab_ptr, qtab_ptr, PTAB, QTAB)
@@ -152,8 +165,8 @@ def scatter_kernel(dst_ptr, idx_ptr, val_ptr, bad_ptr, R, B, Q, size_d, stride_d
     if ALPHA:
         v = v * alpha
     v = v.to(dst_ptr.dtype.element_ty)
-    if ADD:
-        tl.atomic_add(dst_ptr + off, v, mask=ok)
+    if ADD:  # relaxed, as CUDA's atomicAdd: the default acq_rel puts a fence and an L1 flush around each one
+        tl.atomic_add(dst_ptr + off, v, mask=ok, sem="relaxed")
     else:
         tl.store(dst_ptr + off, v, mask=ok)
 
@@ -272,6 +285,11 @@ class Axis:
             self.table = offsets_table([s for s, _ in dims], [st for _, st in dims], device)
 
 
+def _rows32(R: int, block_r: int) -> bool:
+    """Whether every row number of the last row block fits in int32."""
+    return cdiv(R, block_r) * block_r < 2 ** 31
+
+
 def _tiles(R: int, Q: int) -> tuple[int, int, int]:
     bq = _block(Q, 256)
     br = _block(R, max(1, 2048 // bq))
@@ -296,7 +314,7 @@ def gather_walk(src: torch.Tensor, pre: tuple, post: tuple, d_size: int, d_strid
         src, idx, out, bad if bad is not None else idx, R, B, Q, d_size, d_stride, P.stride, Qx.stride,
         P.table if P.table is not None else idx, Qx.table if Qx.table is not None else idx, sip, sib, siq,
         WRAP=wrap, CHECK=bad is not None, IDX_ROW=siq == 0 and Q > 1, PTAB=P.table is not None,
-        QTAB=Qx.table is not None, BLOCK_R=br, BLOCK_Q=bq, num_warps=warps)
+        QTAB=Qx.table is not None, ROWS32=_rows32(R, br), BLOCK_R=br, BLOCK_Q=bq, num_warps=warps)
     return out
 
 
@@ -328,7 +346,7 @@ def scatter_walk(dst: torch.Tensor, pre: tuple, post: tuple, d_size: int, d_stri
         dst, idx, val, counter, R, B, Q, d_size, d_stride, P.stride, Qx.stride, ptab, qtab, sip, sib, siq,
         svp, svb, svq, alpha if alpha is not None else 1, ADD=mode == "add", ALPHA=alpha is not None and alpha != 1,
         WRAP=wrap, CHECK=bad is not None, IDX_ROW=siq == 0 and Q > 1, PTAB=P.table is not None,
-        QTAB=Qx.table is not None, BLOCK_R=br, BLOCK_Q=bq, num_warps=warps)
+        QTAB=Qx.table is not None, ROWS32=_rows32(R, br), BLOCK_R=br, BLOCK_Q=bq, num_warps=warps)
 
 
 def accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
