@@ -10,7 +10,7 @@ import torch
 import ge2
 import ge2.nn as nn
 import ge2.nn.functional as F
-from numerics import DEVICE, assert_matches, randn
+from numerics import DEVICE, LARGE, assert_matches, randn
 
 
 def compare_layer(g_layer: nn.Module, t_layer: torch.nn.Module, x: torch.Tensor, *, grad_x: bool = True,
@@ -256,6 +256,45 @@ def test_layer_norm_vs_torch(shape, normalized):
 def test_layer_norm_without_affine_and_noncontiguous():
     compare_layer(nn.LayerNorm(6, elementwise_affine=False), torch.nn.LayerNorm(6, elementwise_affine=False),
                   randn(5, 6, noncontig=True), copy_weights=False)
+
+
+def _row_norm_vs_torch(M: int, N: int, dtype: torch.dtype, rms: bool, noncontig: bool = False) -> None:
+    """F.layer_norm / F.rms_norm forward and every gradient vs torch in ``dtype`` and in float64."""
+    x64 = randn(M, N, dtype=torch.float64, seed=1, noncontig=noncontig) * 3 + 2
+    w64, b64 = randn(N, dtype=torch.float64, seed=2), randn(N, dtype=torch.float64, seed=3)
+    gy = randn(M, N, dtype=dtype, seed=4)
+    outs = {}
+    for kind, dt in (("ge2", dtype), ("torch", dtype), ("ref", torch.float64)):
+        x, w, b = (t.to(dt).requires_grad_() for t in (x64, w64, b64))
+        if kind == "ge2":
+            xg, wg, bg = (ge2.from_torch(t.detach().clone(), requires_grad=True) for t in (x, w, b))
+            y = F.rms_norm(xg, (N,), wg, 1e-6) if rms else F.layer_norm(xg, (N,), wg, bg, 1e-5)
+            y.backward(ge2.from_torch(gy.clone()))
+            outs[kind] = [y.data, xg.grad.data, wg.grad.data] + ([] if rms else [bg.grad.data])
+        else:
+            y = torch.nn.functional.rms_norm(x, (N,), w, 1e-6) if rms else \
+                torch.nn.functional.layer_norm(x, (N,), w, b, 1e-5)
+            y.backward(gy.to(dt))
+            outs[kind] = [y.detach(), x.grad, w.grad] + ([] if rms else [b.grad])
+    for name, g, t, r in zip(("y", "grad x", "grad weight", "grad bias"), outs["ge2"], outs["torch"], outs["ref"]):
+        assert_matches(g, r, t, name=f"{'rms' if rms else 'layer'}_norm {M}x{N} {dtype} {name}")
+
+
+@pytest.mark.parametrize("rms", [False, True])
+def test_row_norm_backward_programs_taking_several_tiles(monkeypatch, rms):
+    # one SM: the persistent backward's two programs each sum the dweight/dbias of several row tiles
+    monkeypatch.setattr("ge2.kernels.norm._sm_count", lambda device: 1)
+    monkeypatch.setattr("ge2.kernels.norm.TILE", 256)
+    _row_norm_vs_torch(301, 40, torch.float32, rms, noncontig=True)
+
+
+@pytest.mark.skipif(not LARGE, reason="GPT-sized rows: GPU (GE2_TEST_LARGE=1)")
+@pytest.mark.parametrize("M, N, dtype", [(16384, 384, torch.bfloat16), (8192, 768, torch.bfloat16),
+                                         (8192, 4096, torch.bfloat16), (1000, 4097, torch.float32),
+                                         (2049, 1000, torch.float32)])
+def test_row_norm_large_vs_torch(M, N, dtype):
+    _row_norm_vs_torch(M, N, dtype, rms=False)
+    _row_norm_vs_torch(M, N, dtype, rms=True)
 
 
 @pytest.mark.parametrize("shape, normalized", [((4, 7), 7), ((2, 3, 5), (3, 5))])

@@ -1,8 +1,10 @@
 """Normalisation kernels: LayerNorm and RMSNorm over the last dims, BatchNorm over all but the channel dim.
 
-Row norms (LayerNorm, RMSNorm) see x as [M, N] rows: one program per row, which sweeps the row in
-``BLOCK_N`` chunks (once for the mean, once for the variance, once to write), so any N works and
-a row that fits one chunk is read from cache after the first sweep. The variance is the mean of
+Row norms (LayerNorm, RMSNorm) see x as [M, N] rows. A row of up to ``MAX_BLOCK_N`` elements is
+read once: a program loads a [BLOCK_M, BLOCK_N] tile of whole rows (BLOCK_M > 1 packs several
+short rows, so a program moves about ``TILE`` elements whatever N is) and does all its math in
+registers. Longer rows take one program per row, which sweeps the row in ``BLOCK_N`` chunks (once
+for the mean, once for the variance, once to write), so any N works. The variance is the mean of
 squared deviations from the already-computed mean (two passes), not E[x^2] - E[x]^2, which
 cancels catastrophically when |mean| >> std. Math is fp32 for fp32/bf16/fp16 storage and fp64 for
 fp64 (the constexpr ACC; eps and momentum reach the kernels as their fp64 bits), and the saved
@@ -14,8 +16,12 @@ statistics and weight-gradient partials are in that compute dtype.
 Backward (xhat = (x - mean) * rstd, g = gy * w):
     gx = rstd * (g - mean(g) - xhat * mean(g * xhat))      (rms_norm: no mean(g) term)
     dw = sum over rows of gy * xhat, db = sum over rows of gy
-Each backward program owns a group of rows and a row of fp32 partials for dw/db (no atomics: the
-result does not depend on scheduling); a second kernel sums the partial rows.
+Backward of rows that fit one tile: a persistent grid of ``BWD_PROGRAMS_PER_SM`` programs per SM, each
+taking every G-th tile and keeping its dw/db sums in registers; at the end it writes one row of
+partials [dw | db] (no atomics: the result does not depend on scheduling), and ``sum_partials``
+adds the G rows. The partials cost 2 * G * N * 4 bytes written and read again, a few percent of
+the 3 * M * N elements the kernel must move. Longer rows: each program owns ``ROWS_PER_PROGRAM``
+rows and read-modify-writes its own partial row chunk by chunk.
 
 BatchNorm sees x as [N, C, S] (S = the spatial size, 1 for [N, C]) through strides: one program per
 channel reduces over N * S, updates that channel's running statistics in place (the running
@@ -28,13 +34,15 @@ import triton
 import triton.language as tl
 
 from ge2.kernels.elementwise import _float_arg, _float_bits
-from ge2.kernels.gemm import sum_partials
+from ge2.kernels.gemm import _sm_count, sum_partials
 from ge2.kernels.losses import partial_dtype
 from ge2.kernels.softmax import compute_dtype
 from ge2.runtime import autotune, cdiv
 
 MAX_BLOCK_N = 4096  # row chunk; longer rows are swept in chunks of this size
-ROWS_PER_PROGRAM = 32  # backward: rows sharing one partial-sum row for dw/db
+TILE = 4096  # elements per program tile when rows fit one chunk (BLOCK_M = TILE // BLOCK_N rows)
+BWD_PROGRAMS_PER_SM = 2  # backward, rows that fit one tile: persistent programs per SM
+ROWS_PER_PROGRAM = 32  # backward, longer rows: rows sharing one partial-sum row for dw/db
 BN_BLOCK = 1024  # batch norm: elements of a channel per chunk
 
 
@@ -91,15 +99,16 @@ def row_norm_fwd_kernel(
 
 @triton.jit
 def row_norm_bwd_kernel(
-    gy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, gx_ptr, dw_partial_ptr, db_partial_ptr,
-    M, N, stride_gm, stride_gn, stride_xm, stride_xn, stride_gxm,
+    gy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, gx_ptr, part_ptr,
+    M, N, stride_gm, stride_gn, stride_xm, stride_xn, stride_gxm, part_width, db_offset,
     RMS: tl.constexpr, HAS_W: tl.constexpr, NEED_X: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr,
     ROWS: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """gx for ROWS rows, and this program's partial sums of gy * xhat (dw) and gy (db)."""
+    """gx for ROWS rows (any N, swept in chunks), and this program's partial sums of gy * xhat (dw) and gy (db),
+    added chunk by chunk into its row of part: [dw | db]."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
-    part = pid.to(tl.int64) * N
+    part = part_ptr + pid.to(tl.int64) * part_width
     for r in range(0, ROWS):
         row = pid * ROWS + r
         if row < M:
@@ -137,11 +146,98 @@ def row_norm_bwd_kernel(
                     gx = rstd * (g - mean_g - xhat * mean_gx)
                     tl.store(gx_ptr + row64 * stride_gxm + c, gx.to(gx_ptr.dtype.element_ty), mask=m)
                 if NEED_W:
-                    p = dw_partial_ptr + part + c
+                    p = part + c
                     tl.store(p, tl.load(p, mask=m, other=0.0) + gy * xhat, mask=m)
                 if NEED_B:
-                    p = db_partial_ptr + part + c
+                    p = part + db_offset + c
                     tl.store(p, tl.load(p, mask=m, other=0.0) + gy, mask=m)
+
+
+@autotune([triton.Config({}, num_warps=w) for w in (1, 2, 4, 8, 16)], key=["N", "BLOCK_M", "BLOCK_N"], default=2)
+@triton.jit
+def row_norm_fwd_tile_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M, N, stride_xm, stride_xn, stride_ym, eps,
+    RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """BLOCK_M whole rows (N <= BLOCK_N) read once: mean and rstd (saved, in ACC), y = (x - mean) * rstd * w + b."""
+    eps = _float_arg(eps, ACC)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    m = row_ok[:, None] & (cols[None, :] < N)
+    rows64 = rows.to(tl.int64)
+    x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :] * stride_xn, mask=m, other=0.0).to(ACC)
+    if RMS:
+        mean = tl.zeros([BLOCK_M], ACC)
+        d = x
+    else:
+        mean = tl.sum(x, axis=1) / N
+        d = tl.where(m, x - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / N + eps)
+    tl.store(mean_ptr + rows64, mean, mask=row_ok)
+    tl.store(rstd_ptr + rows64, rstd, mask=row_ok)
+    y = d * rstd[:, None]
+    if HAS_W:
+        y = y * tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(ACC)[None, :]
+    if HAS_B:
+        y = y + tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(ACC)[None, :]
+    tl.store(y_ptr + rows64[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+@autotune([triton.Config({}, num_warps=w) for w in (2, 4, 8, 16)], key=["N", "BLOCK_M", "BLOCK_N", "NEED_X"],
+          default=2)
+@triton.jit
+def row_norm_bwd_tile_kernel(
+    gy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, gx_ptr, part_ptr, M, N, stride_gm, stride_gn, stride_xm, stride_xn,
+    stride_gxm, part_width, db_offset,
+    RMS: tl.constexpr, HAS_W: tl.constexpr, NEED_X: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr,
+    ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Persistent: gx for every G-th tile of BLOCK_M whole rows (N <= BLOCK_N), each read once; the program's
+    sums of gy * xhat (dw) and gy (db) stay in registers and end as row program_id of part: [dw | db]."""
+    pid = tl.program_id(0)
+    rows0 = tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    if HAS_W:
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(ACC)
+    acc_dw = tl.zeros([BLOCK_M, BLOCK_N], ACC)
+    acc_db = tl.zeros([BLOCK_M, BLOCK_N], ACC)
+    for tile in range(pid, tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
+        rows = tile * BLOCK_M + rows0
+        row_ok = rows < M
+        m = row_ok[:, None] & col_ok[None, :]
+        rows64 = rows.to(tl.int64)
+        rstd = tl.load(rstd_ptr + rows64, mask=row_ok, other=0.0)
+        gy = tl.load(gy_ptr + rows64[:, None] * stride_gm + cols[None, :] * stride_gn, mask=m, other=0.0).to(ACC)
+        x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :] * stride_xn, mask=m, other=0.0).to(ACC)
+        if RMS:
+            xhat = x * rstd[:, None]
+        else:
+            mean = tl.load(mean_ptr + rows64, mask=row_ok, other=0.0)
+            xhat = tl.where(m, (x - mean[:, None]) * rstd[:, None], 0.0)
+        if NEED_X:
+            g = gy
+            if HAS_W:
+                g = gy * w[None, :]
+            # the two row means of the gx formula: mean(g) (not for rms_norm) and mean(g * xhat)
+            mean_gx = tl.sum(g * xhat, axis=1) / N
+            if RMS:
+                gx = rstd[:, None] * (g - xhat * mean_gx[:, None])
+            else:
+                mean_g = tl.sum(g, axis=1) / N
+                gx = rstd[:, None] * (g - mean_g[:, None] - xhat * mean_gx[:, None])
+            tl.store(gx_ptr + rows64[:, None] * stride_gxm + cols[None, :], gx.to(gx_ptr.dtype.element_ty), mask=m)
+        if NEED_W:
+            acc_dw += gy * xhat
+        if NEED_B:
+            acc_db += gy
+    part = part_ptr + pid.to(tl.int64) * part_width
+    if NEED_W:
+        tl.store(part + cols, tl.sum(acc_dw, axis=0), mask=col_ok)
+    if NEED_B:
+        tl.store(part + db_offset + cols, tl.sum(acc_db, axis=0), mask=col_ok)
 
 
 def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -151,6 +247,11 @@ def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
 
 def _block_n(n: int) -> int:
     return min(triton.next_power_of_2(max(n, 1)), MAX_BLOCK_N)
+
+
+def _tile_m(m: int, block_n: int) -> int:
+    """Rows per tile: about TILE elements, no more rows than there are."""
+    return max(1, min(TILE // block_n, triton.next_power_of_2(max(m, 1))))
 
 
 def row_norm_fwd(x: torch.Tensor, n: int, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
@@ -165,10 +266,15 @@ def row_norm_fwd(x: torch.Tensor, n: int, weight: torch.Tensor | None, bias: tor
         return y, mean, rstd
     w = weight.reshape(-1) if weight is not None else None
     b = bias.reshape(-1) if bias is not None else None
-    row_norm_fwd_kernel[(M,)](
-        x2, w if w is not None else x2, b if b is not None else x2, y, mean, rstd, n,
-        x2.stride(0), x2.stride(1), n, _float_bits(eps),
-        RMS=rms, HAS_W=w is not None, HAS_B=b is not None, ACC=compute_dtype(x.dtype), BLOCK_N=_block_n(n))
+    args = (x2, w if w is not None else x2, b if b is not None else x2, y, mean, rstd)
+    flags = dict(RMS=rms, HAS_W=w is not None, HAS_B=b is not None, ACC=compute_dtype(x.dtype))
+    block_n = _block_n(n)
+    if n <= MAX_BLOCK_N:
+        block_m = _tile_m(M, block_n)
+        row_norm_fwd_tile_kernel[(cdiv(M, block_m),)](
+            *args, M, n, x2.stride(0), x2.stride(1), n, _float_bits(eps), **flags, BLOCK_M=block_m, BLOCK_N=block_n)
+    else:
+        row_norm_fwd_kernel[(M,)](*args, n, x2.stride(0), x2.stride(1), n, _float_bits(eps), **flags, BLOCK_N=block_n)
     return y, mean, rstd
 
 
@@ -178,27 +284,40 @@ def row_norm_bwd(gy: torch.Tensor, x: torch.Tensor, n: int, weight: torch.Tensor
     x2, gy2 = _rows(x, n), _rows(gy, n)
     M = x2.shape[0]
     gx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if need_x else None
-    programs = max(cdiv(M, ROWS_PER_PROGRAM), 1)
-    dw_part = torch.zeros((programs, n), dtype=partial_dtype(x.dtype), device=x.device) if need_weight else None
-    db_part = torch.zeros((programs, n), dtype=partial_dtype(x.dtype), device=x.device) if need_bias else None
     w = weight.reshape(-1) if weight is not None else None
+    width = n * (need_weight + need_bias)  # a partial row: [dw | db], either may be absent
+    block_n = _block_n(n)
+    tiled = n <= MAX_BLOCK_N
+    if tiled:
+        block_m = _tile_m(M, block_n)
+        programs = max(1, min(cdiv(M, block_m), BWD_PROGRAMS_PER_SM * _sm_count(x.device)))
+        part = torch.empty((programs, width), dtype=partial_dtype(x.dtype), device=x.device) if width else None
+    else:
+        programs = max(cdiv(M, ROWS_PER_PROGRAM), 1)
+        part = torch.zeros((programs, width), dtype=partial_dtype(x.dtype), device=x.device) if width else None
     if M > 0:
-        row_norm_bwd_kernel[(programs,)](
-            gy2, x2, w if w is not None else x2, mean, rstd, gx if gx is not None else x2,
-            dw_part if dw_part is not None else mean, db_part if db_part is not None else mean,
-            M, n, gy2.stride(0), gy2.stride(1), x2.stride(0), x2.stride(1), n,
-            RMS=rms, HAS_W=w is not None, NEED_X=need_x, NEED_W=need_weight, NEED_B=need_bias,
-            ROWS=ROWS_PER_PROGRAM, ACC=compute_dtype(x.dtype), BLOCK_N=_block_n(n), num_warps=_fixed_warps(_block_n(n)))
+        args = (gy2, x2, w if w is not None else x2, mean, rstd, gx if gx is not None else x2)
+        flags = dict(RMS=rms, HAS_W=w is not None, NEED_X=need_x, NEED_W=need_weight, NEED_B=need_bias,
+                     ACC=compute_dtype(x.dtype), BLOCK_N=block_n)
+        strides = (gy2.stride(0), gy2.stride(1), x2.stride(0), x2.stride(1), n)
+        if tiled:
+            row_norm_bwd_tile_kernel[(programs,)](
+                *args, part if part is not None else mean, M, n, *strides, width, n * need_weight, **flags,
+                BLOCK_M=block_m)
+        else:
+            row_norm_bwd_kernel[(programs,)](
+                *args, part if part is not None else mean, M, n, *strides, width, n * need_weight, **flags,
+                ROWS=ROWS_PER_PROGRAM, num_warps=_fixed_warps(block_n))
+    elif part is not None:
+        part.fill_(0.0)  # no rows: the sums are zero
     shape = weight.shape if weight is not None else (n,)
-
-    def reduce(part):
-        if part is None:
-            return None
-        out = torch.empty(n, dtype=weight.dtype if weight is not None else x.dtype, device=x.device)
-        sum_partials(part, out)
-        return out.reshape(shape)
-
-    return gx, reduce(dw_part), reduce(db_part)
+    sums = None
+    if part is not None:
+        sums = torch.empty(width, dtype=weight.dtype if weight is not None else x.dtype, device=x.device)
+        sum_partials(part, sums)
+    dw = sums[:n].reshape(shape) if need_weight else None
+    db = sums[n * need_weight:].reshape(shape) if need_bias else None
+    return gx, dw, db
 
 
 # ---------------------------------------------------------------------------------------------
