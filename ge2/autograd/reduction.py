@@ -167,15 +167,14 @@ def median(x: Tensor, dim: int | None = None, keepdim: bool = False):
 
 def unique(x: Tensor, sorted: bool = True, return_inverse: bool = False, return_counts: bool = False,  # noqa: A002
            dim: int | None = None):
-    """Sorted distinct values of x (flattened), with the inverse map and counts on request.
+    """Sorted distinct values of x (flattened), or with ``dim`` its distinct slices along dim (sorted
+    lexicographically; inverse [x.shape[dim]], counts [U]), with the inverse map and counts on request.
 
-    One host sync: the number of distinct values is read back to size the output. sorted=False
-    returns them sorted too (torch allows any order). dim is not supported (a clear error)."""
+    One host sync: the number of distinct values (slices) is read back to size the output. sorted=False
+    returns them sorted too (torch allows any order; with dim torch sorts too)."""
     _tensor("unique", x)
-    if dim is not None:
-        raise ValueError(f"unique: dim={dim} is not supported (unique over slices); only dim=None")
     values, inverse, counts = call("unique", x.data, return_inverse=bool(return_inverse),
-                                   return_counts=bool(return_counts))
+                                   return_counts=bool(return_counts), dim=dim)
     out = [Tensor(values)] + [Tensor(t) for t in (inverse, counts) if t is not None]
     return out[0] if len(out) == 1 else tuple(out)
 

@@ -4,7 +4,7 @@
 ``topk(x, *, k, dim, largest=True) -> (values, indices)``        sorted; ties: lowest index first
 ``kthvalue(x, *, k, dim, keepdim=False) -> (values, indices)``   the k-th smallest, 1-based
 ``median(x, *, dim=None, keepdim=False)``                        lower median; dim None -> values only
-``unique(x, *, return_inverse=False, return_counts=False) -> (values, inverse | None, counts | None)``
+``unique(x, *, return_inverse=False, return_counts=False, dim=None) -> (values, inverse | None, counts | None)``
 ``place_along_dim(g, index, *, dim, n) -> out``                  zeros with g at index along dim (gradients)
 ``multinomial_sample(p, state, *, num_samples, replacement) -> int64 [M, num_samples]``
 
@@ -20,6 +20,7 @@ from ge2.backend.dropout import STATE, _check_state
 from ge2.backend.registry import BOOL_DTYPES, FLOAT_DTYPES, INT_DTYPES, defop, register
 from ge2.backend.schema import Schema, TensorArg, normalize_dims, shape_str
 from ge2.kernels import sort as K
+from ge2.kernels.unique_dim import unique_dim
 
 SORTABLE = FLOAT_DTYPES + INT_DTYPES + BOOL_DTYPES
 
@@ -73,8 +74,25 @@ register("kthvalue", "triton", dtypes=SORTABLE)(
     lambda x, *, k, dim=-1, keepdim=False: K.kthvalue(x, int(k), dim=dim, keepdim=keepdim))
 defop("median", Schema((TensorArg("x", SORTABLE),), _check_median))
 register("median", "triton", dtypes=SORTABLE)(K.median)
-defop("unique", Schema((TensorArg("x", SORTABLE),)))
-register("unique", "triton", dtypes=SORTABLE)(K.unique)
+def _check_unique(op: str, x, *, return_inverse=False, return_counts=False, dim=None) -> None:
+    if dim is None:
+        return
+    if x.dim() == 0:
+        raise ValueError(f"{op}: dim={dim} given but x is 0-d (unique over slices needs a dim)")
+    d = _dim(op, x, dim)
+    if any(s == 0 for i, s in enumerate(x.shape) if i != d):
+        raise ValueError(f"{op}: x {shape_str(x.shape)} has a zero-size dim other than dim {d}: "
+                         f"unique over slices along dim {d} is undefined (torch refuses it too)")
+
+
+def _unique(x, *, return_inverse=False, return_counts=False, dim=None):
+    if dim is None:
+        return K.unique(x, return_inverse=return_inverse, return_counts=return_counts)
+    return unique_dim(x, dim % x.dim(), return_inverse=return_inverse, return_counts=return_counts)
+
+
+defop("unique", Schema((TensorArg("x", SORTABLE),), _check_unique))
+register("unique", "triton", dtypes=SORTABLE)(_unique)
 
 
 def _check_place(op: str, g, index, *, dim, n) -> None:

@@ -38,8 +38,8 @@ def median(x, *, dim=None, keepdim=False):
 
 
 @register("unique", "torch", dtypes=SORTABLE)
-def unique(x, *, return_inverse=False, return_counts=False):
-    values, inverse, counts = torch.unique(x, sorted=True, return_inverse=True, return_counts=True)
+def unique(x, *, return_inverse=False, return_counts=False, dim=None):
+    values, inverse, counts = torch.unique(x, sorted=True, return_inverse=True, return_counts=True, dim=dim)
     return values, inverse if return_inverse else None, counts if return_counts else None
 
 
