@@ -156,6 +156,33 @@ def test_sort_packed_tiles(monkeypatch):
     assert same(values, torch.topk(x, 3, dim=1).values)
 
 
+def test_sort_merge_path(monkeypatch):
+    """The GPU's merge of packed keys (merge-path split, bitonic merge on chip), several passes and blocks."""
+    monkeypatch.setattr(SO, "PACKED_SORT", True)
+    monkeypatch.setattr(SO, "TILE", 8)
+    monkeypatch.setattr(SO, "MERGE_BLOCK", 8)
+    x = (3 * sample(2, 45, seed=24)).round()  # ties on purpose: stability across merges
+    x[0, 30] = x[1, 3] = math.nan
+    check_sort(x, 1)
+    check_sort(x.to(torch.bfloat16).T, 0, descending=True)
+
+
+def test_topk_radix_select(monkeypatch):
+    """Large-k topk on long rows: digit-histogram select, then the k sorted (ties: lowest index first)."""
+    monkeypatch.setattr(SO, "PACKED_SORT", True)
+    monkeypatch.setattr(SO, "TILE", 8)
+    monkeypatch.setattr(SO, "SELECT_MIN_K", 2)
+    monkeypatch.setattr(SO, "SELECT_BLOCK", 32)  # several programs per row share its slots
+    x = (2 * sample(2, 70, seed=26)).round()  # many ties at the k-th place: the index digits decide
+    x[1, 5] = x[1, 60] = math.nan
+    for k, largest in ((2, True), (40, False)):
+        check_topk(x, k, largest=largest)
+    check_topk(sample(2, 100, seed=27).to(torch.bfloat16), 9)  # distinct keys: their digits finish the select
+    values, indices = call("kthvalue", x, k=30, dim=1)
+    ref = torch.kthvalue(x, 30, dim=1)
+    assert same(values, ref.values) and same(torch.gather(x, 1, indices[:, None])[:, 0], values)
+
+
 def test_sort_api_and_gradient():
     x = sample(4, 7, seed=11)
     t = ge2.from_torch(x)
@@ -316,6 +343,8 @@ def test_large_rows():
         check_sort(x.double(), 1)
         for k in (1, 50, 1024):
             check_topk(x, k)
+        check_topk((4 * x).round(), 1024, largest=False)  # ties at the k-th place: the select's index passes
+        check_topk(x.to(torch.bfloat16), 50)
     for n, rows in ((8192, 64), (1 << 20, 3)):
         x = sample(rows, n, seed=22)
         check_scan("cumsum", x, 1)

@@ -49,6 +49,11 @@ from ge2.runtime import INTERPRETER, cdiv
 TILE = 1024       # pass-1 tile of packed 32-bit keys (tl.sort on a power of two)
 RANK_TILE = 64    # pass-1 tile of 64-bit keys, ranked by a [RANK_TILE, RANK_TILE] comparison
 BLOCK = 1024      # elements per program of the merge, gather and scatter passes
+MERGE_BLOCK = 1024  # outputs per program of the merge-path merge of packed keys (a power of two)
+# Radix select (topk/kthvalue/draws of k in [SELECT_MIN_K, SELECT_MAX_K] out of rows longer than a
+# tile): 8-bit digit histograms find the k-th key, the k selected are then sorted in one tl.sort.
+SELECT_MIN_K, SELECT_MAX_K = 8, 4096
+SELECT_BLOCK = 4096  # elements per program of the select passes
 _INT64_MAX = tl.constexpr(2**63 - 1)
 _WIDE_KEYS = (torch.float64, torch.int64)
 # tl.sort for 32-bit keys. The interpreter runs its compare-and-swap network element by element
@@ -166,6 +171,55 @@ def _merge_kernel(key_in, index_in, key_out, index_out, L_in, L_out, run_in, run
         tl.store(index_out + out, index, mask=keep)
 
 
+@triton.jit
+def _merge_path_kernel(key_in, key_out, L_in, L_out, run_in, run_out, per_pair, per_row, steps,
+                       BLOCK: tl.constexpr):
+    """Packed (unique) keys: merge runs 2p and 2p+1 of a row; program b writes merged[d0, d0 + BLOCK) of pair p.
+
+    Merge path: a(d), the number of run 2p's elements among the first d merged ones, is one binary
+    search per block end (A[a] < B[d - 1 - a] flips once). The block's elements, A[a0:a1] ascending
+    then B[b0:b1] reversed (padding between), are a bitonic sequence: tl.bitonic_merge sorts it in
+    log2(BLOCK) compare-and-swap stages, on chip. Each element is read and written once per pass.
+    """
+    pid = tl.program_id(0)
+    row = (pid // per_row).to(tl.int64)
+    blk = pid % per_row
+    pair = blk // per_pair
+    d0 = (blk % per_pair) * BLOCK
+    a_start = pair.to(tl.int64) * 2 * run_in
+    n_a = tl.minimum(run_in, L_in - a_start)
+    n_b = tl.minimum(tl.maximum(L_in - a_start - run_in, 0), run_in)
+    n_out = tl.minimum(n_a + n_b, run_out)
+    live = d0 < n_out
+    d1 = tl.minimum(d0 + BLOCK, n_out)
+    base_a = key_in + row * L_in + a_start
+    base_b = base_a + run_in
+    ends = tl.arange(0, 2)
+    d = tl.where(ends == 0, d0, d1)
+    lo = tl.maximum(d - n_b, 0)
+    hi = tl.minimum(d, n_a)
+    for _ in range(steps):
+        active = live & (lo < hi)
+        mid = (lo + hi) // 2
+        ka = tl.load(base_a + mid, mask=active, other=0)
+        kb = tl.load(base_b + (d - 1 - mid), mask=active, other=0)
+        lo = tl.where(active & (ka < kb), mid + 1, lo)
+        hi = tl.where(active & (ka >= kb), mid, hi)
+    a0 = tl.sum(tl.where(ends == 0, lo, 0), 0)
+    a1 = tl.sum(tl.where(ends == 1, lo, 0), 0)
+    n_from_a = a1 - a0
+    n_from_b = (d1 - d0) - n_from_a
+    j = tl.arange(0, BLOCK)
+    from_a = live & (j < n_from_a)
+    q = BLOCK - 1 - j  # B's q-th element sits at j = BLOCK - 1 - q: descending along j
+    from_b = live & (j >= n_from_a) & (q < n_from_b)
+    ka = tl.load(base_a + a0 + j, mask=from_a, other=0)
+    kb = tl.load(base_b + (d0 - a0) + q, mask=from_b, other=0)
+    x = tl.where(from_a, ka, tl.where(from_b, kb, _INT64_MAX))
+    x = tl.bitonic_merge(x)
+    tl.store(key_out + row * L_out + pair.to(tl.int64) * run_out + d0 + j, x, mask=live & (j < d1 - d0))
+
+
 def _run_lengths(n: int, run: int, cap: int) -> int:
     """Stored row length after capping each run of `run` elements (the last may be shorter) at cap."""
     runs = cdiv(n, run)
@@ -178,6 +232,8 @@ def sorted_rows(x2: torch.Tensor, descending: bool, cap: int | None = None) -> t
     M, N = x2.shape
     cap = N if cap is None else min(cap, N)
     packed = x2.dtype not in _WIDE_KEYS and PACKED_SORT
+    if packed and N > TILE and SELECT_MIN_K <= cap <= min(SELECT_MAX_K, N - 1):
+        return select_rows(x2, descending, cap)
     tile = min(TILE if packed else RANK_TILE, triton.next_power_of_2(N))
     kept = min(tile, cap)
     L = _run_lengths(N, tile, kept)
@@ -198,10 +254,118 @@ def sorted_rows(x2: torch.Tensor, descending: bool, cap: int | None = None) -> t
         L_out = _run_lengths(L, 2 * run, run_out)
         keys2 = torch.empty((M, L_out), dtype=torch.int64, device=x2.device)
         index2 = keys2 if packed else torch.empty((M, L_out), dtype=torch.int32, device=x2.device)
-        _merge_kernel[(M, cdiv(L, BLOCK))](keys, index, keys2, index2, L, L_out, run, run_out, run.bit_length(),
-                                           PACKED=packed, BLOCK=BLOCK, num_warps=4)
+        if packed:
+            block = min(MERGE_BLOCK, triton.next_power_of_2(run_out))
+            per_pair = cdiv(run_out, block)
+            per_row = cdiv(L, 2 * run) * per_pair
+            _merge_path_kernel[(M * per_row,)](keys, keys2, L, L_out, run, run_out, per_pair, per_row,
+                                               (run + 1).bit_length(), BLOCK=block, num_warps=8 if block >= 2048 else 4)
+        else:
+            _merge_kernel[(M, cdiv(L, BLOCK))](keys, index, keys2, index2, L, L_out, run, run_out, run.bit_length(),
+                                               PACKED=packed, BLOCK=BLOCK, num_warps=4)
         keys, index, L, run = keys2, index2, L_out, run_out
     return keys if packed else index
+
+
+# ---------------------------------------------------------------------------------------------
+# Radix select: the first k of a long row without sorting it
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _combined_key(x, cols, DESCENDING: tl.constexpr, IB: tl.constexpr):
+    """(order key + 2^31) << IB | column: non-negative, unique per element of a row, in sort order."""
+    return ((order_key(x, DESCENDING) + 2**31) << IB) | cols
+
+
+@triton.jit
+def _select_state(hist_ptr, row, M, k, PASSES: tl.constexpr):
+    """Replay the first PASSES digit choices of a row -> (prefix, bits fixed, done).
+
+    Pass p's histogram counts the digits p of the elements whose higher digits equal the prefix;
+    the chosen digit is the one whose bin holds the k_rem-th of them. done: every element carrying
+    the prefix is among the k (its bin's count equals what is still needed), so no later pass runs
+    and the k are exactly the elements whose leading `bits` bits are <= prefix."""
+    bins = tl.arange(0, 256)
+    prefix = row * 0
+    bits = row * 0
+    k_rem = row * 0 + k
+    done = row < 0
+    for p in tl.static_range(PASSES):
+        h = tl.load(hist_ptr + (p * M + row) * 256 + bins)
+        b = tl.sum((tl.cumsum(h, 0) < k_rem).to(tl.int64), 0)
+        below = tl.sum(tl.where(bins < b, h, 0).to(tl.int64), 0)
+        at = tl.sum(tl.where(bins == b, h, 0).to(tl.int64), 0)
+        prefix = tl.where(done, prefix, prefix * 256 + b)
+        bits = tl.where(done, bits, bits + 8)
+        k_rem = tl.where(done, k_rem, k_rem - below)
+        done = done | (at == k_rem)
+    return prefix, bits, done
+
+
+@triton.jit
+def _select_hist_kernel(x_ptr, hist_ptr, M, N, k, stride_xm, stride_xn, DESCENDING: tl.constexpr,
+                        IB: tl.constexpr, PASS: tl.constexpr, BLOCK: tl.constexpr):
+    """hist[PASS, m] += histogram of digit PASS (8 bits from the top) of the row's prefix-matching elements."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    prefix, bits, done = _select_state(hist_ptr, row, M, k, PASS)
+    live = (cols < N) & (done == 0)  # a finished row reads nothing
+    x = tl.load(x_ptr + row * stride_xm + cols.to(tl.int64) * stride_xn, mask=live, other=0)
+    c = _combined_key(x, cols.to(tl.int64), DESCENDING, IB)
+    TOP: tl.constexpr = 32 + IB - 8 * PASS
+    match = live & ((c >> TOP) == prefix)
+    h = tl.histogram(((c >> (TOP - 8)) & 255).to(tl.int32), 256, mask=match)
+    tl.atomic_add(hist_ptr + (PASS * M + row) * 256 + tl.arange(0, 256), h, mask=h > 0)
+
+
+@triton.jit
+def _select_take_kernel(x_ptr, hist_ptr, count_ptr, order_ptr, M, N, k, stride_xm, stride_xn,
+                        DESCENDING: tl.constexpr, IB: tl.constexpr, PASSES: tl.constexpr, BLOCK: tl.constexpr):
+    """Write the row's k selected elements as packed key << 32 | index, in any order, to order[m, :k]."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    prefix, bits, done = _select_state(hist_ptr, row, M, k, PASSES)
+    live = cols < N
+    x = tl.load(x_ptr + row * stride_xm + cols.to(tl.int64) * stride_xn, mask=live, other=0)
+    c = _combined_key(x, cols.to(tl.int64), DESCENDING, IB)
+    take = live & ((c >> (32 + IB - bits)) <= prefix)
+    flags = take.to(tl.int32)
+    start = tl.atomic_add(count_ptr + row, tl.sum(flags, 0))  # this program's slots: order is restored by the sort
+    slot = start + tl.cumsum(flags, 0) - 1
+    packed = (((c >> IB) - 2**31) << 32) | cols.to(tl.int64)
+    tl.store(order_ptr + row * k + slot, packed, mask=take)
+
+
+@triton.jit
+def _sort_rows_kernel(key_ptr, K, KP: tl.constexpr):
+    """Sort each row of K packed keys in place (one program per row, KP >= K a power of two)."""
+    row = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, KP)
+    v = tl.load(key_ptr + row * K + j, mask=j < K, other=_INT64_MAX)
+    tl.store(key_ptr + row * K + j, tl.sort(v), mask=j < K)
+
+
+def select_rows(x2: torch.Tensor, descending: bool, k: int) -> torch.Tensor:
+    """x2 [M, N] (32-bit keys or narrower) -> packed key << 32 | index [M, k]: each row's first k in sort order.
+
+    Digit passes over (key, index) as one (32 + IB)-bit number, 8 bits a pass from the top; the
+    index's bits make every element distinct (ties: lowest index first) and cost a pass only when
+    the key's bits leave a tie at the k-th place (a finished row's later passes read nothing)."""
+    M, N = x2.shape
+    ib = 8 * cdiv(max(1, (N - 1).bit_length()), 8)
+    passes = (32 + ib) // 8
+    hist = torch.zeros((passes, M, 256), dtype=torch.int32, device=x2.device)
+    count = torch.zeros((M,), dtype=torch.int32, device=x2.device)
+    order = torch.empty((M, k), dtype=torch.int64, device=x2.device)
+    grid = (M, cdiv(N, SELECT_BLOCK))
+    args = (M, N, k, x2.stride(0), x2.stride(1))
+    for p in range(passes):
+        _select_hist_kernel[grid](x2, hist, *args, DESCENDING=bool(descending), IB=ib, PASS=p,
+                                  BLOCK=SELECT_BLOCK, num_warps=8)
+    _select_take_kernel[grid](x2, hist, count, order, *args, DESCENDING=bool(descending), IB=ib, PASSES=passes,
+                              BLOCK=SELECT_BLOCK, num_warps=8)
+    kp = triton.next_power_of_2(k)
+    _sort_rows_kernel[(M,)](order, k, KP=kp, num_warps=8 if kp >= 1024 else 4)
+    return order
 
 
 # ---------------------------------------------------------------------------------------------
