@@ -119,6 +119,31 @@ _MATMUL_PRECISIONS = ("ieee", "tf32", "tf32x3")
 _matmul_precision = "tf32x3"
 
 
+def packed_layout(parts: tuple[torch.Tensor, ...]) -> tuple[list[int], list[int]] | None:
+    """(shape, strides) of one tensor [n, *shape] whose slices are ``parts`` (n views of one storage with
+    one shape and strides, offsets evenly spaced, no element shared), or None when they are not so laid out.
+
+    q, k and v cut from one projection (a GPT's c_attn output [B, T, 3, H, E]) are such slices.
+    """
+    first = parts[0]
+    if any(p.shape != first.shape or p.stride() != first.stride() or p.dtype != first.dtype
+           or p.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() for p in parts[1:]):
+        return None
+    step = parts[1].storage_offset() - first.storage_offset() if len(parts) > 1 else 1
+    if step <= 0 or any(p.storage_offset() != first.storage_offset() + i * step for i, p in enumerate(parts)):
+        return None
+    shape, strides = [len(parts), *first.shape], [step, *first.stride()]
+    # no element shared: each stride (ascending) clears the reach of the smaller dims together
+    reach = 0
+    for size, stride in sorted(zip(shape, strides), key=lambda d: d[1]):
+        if size == 1:
+            continue
+        if stride <= reach:
+            return None
+        reach += (size - 1) * stride
+    return shape, strides
+
+
 def set_matmul_precision(precision: str) -> str:
     """Set how fp32 matmuls/convs run: "tf32x3" (default), "ieee" or "tf32". Returns the old value."""
     global _matmul_precision

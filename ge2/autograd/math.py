@@ -11,11 +11,11 @@ from typing import Sequence
 
 import torch
 
-from ge2 import backend
+from ge2 import backend, runtime
 from ge2.amp.autocast_mode import state as _amp_state
 from ge2.amp import autocast_mode as _amp
 from ge2.autograd import grad_mode
-from ge2.autograd.function import Context, Function
+from ge2.autograd.function import Function
 from ge2.autograd.tensor import Tensor, _check_inplace, parse_to_args
 from ge2.backend.schema import broadcast_shapes, dtype_name, normalize_dims, shape_str
 
@@ -736,6 +736,12 @@ class Unbind(Function):
 
     @staticmethod
     def backward(ctx, *gys):
+        if all(g is not None and g.dtype == ctx.dtype for g in gys):
+            layout = runtime.packed_layout(gys)
+            if layout is not None:  # the slices' gradients are already one tensor's slices (attention's dq, dk, dv)
+                step, *strides = layout[1]
+                strides.insert(ctx.dim, step)
+                return gys[0].as_strided(ctx.shape, strides, gys[0].storage_offset()), None
         gx = torch.empty(ctx.shape, dtype=ctx.dtype, device=next(g for g in gys if g is not None).device)
         for i, g in enumerate(gys):
             part = gx.select(ctx.dim, i)

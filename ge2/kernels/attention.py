@@ -680,6 +680,15 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     return o, lse
 
 
+def _gradient_buffers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """dq, dk, dv to write: slices of one buffer laid out as q, k, v are when those are slices of one
+    projection's output (so the projection's gradient needs no copy), else three new tensors."""
+    layout = runtime.packed_layout((q, k, v))
+    if layout is not None:
+        return tuple(torch.empty_strided(*layout, dtype=q.dtype, device=q.device).unbind(0))
+    return tuple(torch.empty(t.shape, dtype=q.dtype, device=q.device) for t in (q, k, v))
+
+
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                        lse: torch.Tensor, mask: torch.Tensor | None, *, scale: float, is_causal: bool,
                        dropout_p: float, rng_state: torch.Tensor | None,
@@ -691,9 +700,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     sizes, mask, sm, rng, keep_scale, consts = _common(q, k, v, mask, scale, dropout_p, rng_state, precision)
     B, Hq, L, S, E, Ev, group = sizes
     Hkv = k.shape[1]
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=q.dtype, device=q.device)
-    dv = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    dq, dk, dv = _gradient_buffers(q, k, v)
     if B * Hq * L == 0:
         return dq, dk.zero_(), dv.zero_()
     delta = torch.empty(B, Hq, L, dtype=torch.float32, device=q.device)
