@@ -12,6 +12,7 @@ returns ``(ge2_fn, torch_fn, nbytes)``; ``smoke`` asks for tiny sizes (CPU, inte
 
     PYTHONPATH=. python3 bench/bench_tensor_ops.py            ->  bench/results/tensor_ops.json
     PYTHONPATH=. python3 bench/bench_tensor_ops.py --only gather
+    PYTHONPATH=. python3 bench/bench_tensor_ops.py --only sort,topk   (rows matching any part)
     python bench/bench_tensor_ops.py --smoke                  (CPU: each row once, checked, not timed)
 """
 from __future__ import annotations
@@ -246,9 +247,9 @@ def _smoke(rows: list[Row]) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, each row run once and checked")
-    ap.add_argument("--only", default=None, help="run only rows whose op contains this text")
+    ap.add_argument("--only", default=None, help="run only rows whose op contains this text (comma-separated: any)")
     args = ap.parse_args(argv)
-    rows = [r for r in ROWS if args.only is None or args.only in r.op]
+    rows = [r for r in ROWS if args.only is None or any(part in r.op for part in args.only.split(","))]
     if args.smoke or not torch.cuda.is_available():
         _smoke(rows)
         return

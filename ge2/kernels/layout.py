@@ -64,7 +64,7 @@ def remap_kernel(
     x_ptr, y_ptr, fill_ptr, table_ptr, x0, rows, cols, col_tiles, diag,
     OUT, SHIFT, SIZE, XS, YS,  # tuples of NDIM ints (shape, shift, size, x and y strides)
     NDIM: tl.constexpr, MODE: tl.constexpr, TRI: tl.constexpr, TABLE_DIM: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK: tl.constexpr,
+    WIDE_ROWS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """y[o] = x[x0 + sum_d map_d(o_d) * XS[d]] over one [BLOCK // BLOCK_C, BLOCK_C] tile of y."""
     BLOCK_R: tl.constexpr = BLOCK // BLOCK_C
@@ -74,8 +74,13 @@ def remap_kernel(
     src_r = tl.zeros([BLOCK_R], tl.int64) + x0
     dst_r = tl.zeros([BLOCK_R], tl.int64)
     ok_r = r < rows
-    row_o = r  # the index along dim NDIM - 2 (TRI compares it with the column)
-    rem = r
+    # The row decode divides by the dims' sizes: int64 division is a long software sequence per
+    # row held by a lane, int32 a few instructions, so rows < 2^31 decode in int32.
+    if WIDE_ROWS:
+        rem = r
+    else:
+        rem = r.to(tl.int32)
+    row_o = rem  # the index along dim NDIM - 2 (TRI compares it with the column)
     for k in tl.static_range(NDIM - 1):
         # dims NDIM-2 .. 0 as the constexpr NDIM - 2 - k, written out: a name rebound to a new constexpr
         # in each unrolled iteration becomes a tensor on the GPU
@@ -89,8 +94,8 @@ def remap_kernel(
                 ok_r = ok_r & inb
         if k == 0:
             row_o = o
-        src_r += t * XS[NDIM - 2 - k]
-        dst_r += o * YS[NDIM - 2 - k]
+        src_r += t.to(tl.int64) * XS[NDIM - 2 - k]
+        dst_r += o.to(tl.int64) * YS[NDIM - 2 - k]
     D: tl.constexpr = NDIM - 1
     mask_c = c < cols
     if D == TABLE_DIM:
@@ -166,7 +171,7 @@ def remap(x: torch.Tensor, y: torch.Tensor, *, xs, x0: int = 0, shift=None, size
     fill_t = fill if fill is not None else y
     table_t = table if table is not None else y
     remap_kernel[grid](x, y, fill_t, table_t, x0, rows, cols, col_tiles, diag, out, shift, size, xs_, ys,
-                       NDIM=ndim, MODE=mode, TRI=tri, TABLE_DIM=table_d, BLOCK_C=block_c)
+                       NDIM=ndim, MODE=mode, TRI=tri, TABLE_DIM=table_d, WIDE_ROWS=rows >= 2**31, BLOCK_C=block_c)
     return y
 
 

@@ -173,7 +173,7 @@ def interpolate_fwd_kernel(
     x_ptr, y_ptr, rows, C, ID, IH, IW, OD, OH, OW, ad, bd, ah, bh, aw, bw,
     sxn, sxc, sxd, sxh, sxw,
     MODE: tl.constexpr, ALIGN: tl.constexpr, TD: tl.constexpr, TH: tl.constexpr, TW: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK: tl.constexpr,
+    WIDE_ROWS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """y [N, C, OD, OH, OW] (contiguous) = the separable interpolation of x [N, C, ID, IH, IW]."""
     BLOCK_R: tl.constexpr = BLOCK // BLOCK_C
@@ -181,10 +181,15 @@ def interpolate_fwd_kernel(
     pid = tl.program_id(0)
     r = (pid // col_tiles).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     ow = (pid % col_tiles) * BLOCK_C + tl.arange(0, BLOCK_C)
-    oh = (r % OH).to(tl.int32)
-    od = ((r // OH) % OD).to(tl.int32)
-    nc = r // (OH * OD)
-    base = (nc // C) * sxn + (nc % C) * sxc
+    # int64 division is a long software sequence (per row a lane holds): decode in int32 when rows fit
+    if WIDE_ROWS:
+        rr = r
+    else:
+        rr = r.to(tl.int32)
+    oh = (rr % OH).to(tl.int32)
+    od = ((rr // OH) % OD).to(tl.int32)
+    nc = rr // (OH * OD)
+    base = (nc // C).to(tl.int64) * sxn + (nc % C).to(tl.int64) * sxc
     mask = (r < rows)[:, None] & (ow < OW)[None, :]
     d0, td = _source(od, ad, MODE, ALIGN)
     h0, th = _source(oh, ah, MODE, ALIGN)
@@ -268,12 +273,12 @@ def _maps(scales, align: bool, mode: int) -> list[tuple[float, float]]:
     return out
 
 
-def _launch_interp(kernel, t_rows, t_cols, *args, taps, mode, align):
+def _launch_interp(kernel, t_rows, t_cols, *args, taps, mode, align, **flags):
     """kernel over [rows, cols] tiles of the tensor the lanes own."""
     block_c = min(MAX_BLOCK_C, triton.next_power_of_2(t_cols))
     col_tiles = runtime.cdiv(t_cols, block_c)
     grid = lambda meta: (runtime.cdiv(t_rows, meta["BLOCK"] // block_c) * col_tiles,)
-    kernel[grid](*args, MODE=mode, ALIGN=align, TD=taps[0], TH=taps[1], TW=taps[2], BLOCK_C=block_c)
+    kernel[grid](*args, MODE=mode, ALIGN=align, TD=taps[0], TH=taps[1], TW=taps[2], BLOCK_C=block_c, **flags)
 
 
 def interpolate(x: torch.Tensor, size: tuple[int, ...], scales: tuple[float, ...], mode: int, align: bool) -> torch.Tensor:
@@ -289,7 +294,7 @@ def interpolate(x: torch.Tensor, size: tuple[int, ...], scales: tuple[float, ...
     maps = [v for ab in _maps(scales, align, mode) for v in ab]
     rows = N * C * OD * OH
     _launch_interp(interpolate_fwd_kernel, rows, OW, x, y, rows, C, ID, IH, IW, OD, OH, OW, *maps,
-                   sn, sc, sd, sh, sw, taps=taps, mode=mode, align=bool(align))
+                   sn, sc, sd, sh, sw, taps=taps, mode=mode, align=bool(align), WIDE_ROWS=rows >= 2**31)
     return y
 
 
