@@ -2,7 +2,8 @@
 
 Advanced reads and writes (int tensors, lists, masks, negative indices, mixed with slices, None
 and ..., adjacent and separated index dims), setitem recorded on non-leaves, index_select/add/
-copy/fill, masked_*, gather/scatter/scatter_add/scatter_reduce (every reduce, include_self),
+copy/fill, masked_*, gather/scatter/scatter_add/scatter_reduce (every reduce and its gradient, prod
+with zeros; include_self),
 take_along_dim, nonzero, one_hot; duplicates accumulating in every backward that scatters; the
 out-of-range and bad-argument errors; a hypothesis property test of reads and writes; no torch
 arithmetic in the path.
@@ -260,17 +261,17 @@ def test_scatter_reduce(reduce):
     src0 = randn(6, 3, dtype=torch.float64, seed=26)  # (torch's own backward refuses a src larger than index)
     big = randn(7, 4, dtype=torch.float64, seed=126)
     index = torch.randint(0, 4, (6, 3), device=DEVICE)  # duplicates; row 4 never written
+    if reduce == "prod":  # zeros: a lone zero src, two zero srcs in one group, a zero in x (torch's cases)
+        index[1, 1] = index[2, 1]
+        src0[0, 0] = src0[1, 1] = src0[2, 1] = 0.0
+        x[index[3, 2], 2] = 0.0
+        with ge2.no_grad():
+            out = ge2.scatter_reduce(T(x), 0, T(index), T(big), reduce)
+        ref = x.scatter_reduce(0, index, big, reduce)
+        assert_matches(out.data, ref, ref, name="prod with a src larger than index")
     for include_self in (True, False):
         a, at = leaf(x)
         s, st_ = leaf(src0)
-        if reduce == "prod":
-            with ge2.no_grad():
-                out = ge2.scatter_reduce(a, 0, T(index), T(big), reduce, include_self=include_self)
-            ref = x.scatter_reduce(0, index, big, reduce, include_self=include_self)
-            assert_matches(out.data, ref, ref)
-            with pytest.raises(RuntimeError, match="prod"):
-                ge2.scatter_reduce(a, 0, T(index), s, reduce)
-            continue
         out = ge2.scatter_reduce(a, 0, T(index), s, reduce, include_self=include_self)
         ref = at.scatter_reduce(0, index, st_, reduce, include_self=include_self)
         assert_matches(out.data, ref.detach(), ref.detach(), name=f"{reduce} include_self={include_self}")
@@ -279,6 +280,23 @@ def test_scatter_reduce(reduce):
         ref.backward(g)
         check_grad(a, at, f"{reduce} x grad")
         check_grad(s, st_, f"{reduce} src grad")
+
+
+def test_scatter_multiply_value_gradient():
+    """scatter(value=v, reduce="multiply") is scatter_reduce(prod) of a constant: x's gradient by the same rule
+    (torch has none for the legacy form; its scatter_reduce with a constant src is the reference)."""
+    x = randn(4, 6, seed=29)
+    x[1, 2] = 0.0
+    index = torch.randint(0, 6, (4, 3), device=DEVICE)
+    index[1, 0] = 2
+    a, at = leaf(x)
+    out = a.scatter(1, T(index), value=1.5, reduce="multiply")
+    ref = at.scatter_reduce(1, index, torch.full((4, 3), 1.5, device=DEVICE), "prod")
+    assert_matches(out.data, ref.detach(), ref.detach())
+    g = torch.randn(4, 6, device=DEVICE)
+    out.backward(T(g))
+    ref.backward(g)
+    check_grad(a, at, "multiply x grad")
 
 
 def test_scatter_and_scatter_add():

@@ -395,23 +395,22 @@ def _src_part(gsrc: torch.Tensor, src_shape, index_shape) -> torch.Tensor:
 
 
 class Scatter(Function):
-    """scatter / scatter_add / scatter_reduce (out of place). prod has no gradient in ge2."""
+    """scatter / scatter_add / scatter_reduce (out of place), with torch's gradients for every reduce."""
 
     @staticmethod
     def forward(ctx, x, index, src, dim, reduce, include_self, op):
         out = call("scatter", x, index, src, dim=dim, reduce=reduce, include_self=include_self, op_name=op)
         ctx.index, ctx.dim, ctx.reduce, ctx.include_self = index, dim, reduce, include_self
         ctx.src_shape = tuple(src.shape) if isinstance(src, torch.Tensor) else None
-        if ctx.reduce in ("amax", "amin") and True in ctx.needs_input_grad:
-            ctx.save_for_backward(x, src, out)
+        if ctx.reduce in ("amax", "amin", "prod") and True in ctx.needs_input_grad:
+            ctx.value = None if isinstance(src, torch.Tensor) else src  # a number is not saved as a tensor
+            ctx.save_for_backward(x, src if ctx.value is None else None, out)
         return out
 
     @staticmethod
     def backward(ctx, gy):
         index, dim, reduce = ctx.index, ctx.dim, ctx.reduce
         need_x, need_src = ctx.needs_input_grad[0], ctx.needs_input_grad[2]
-        if reduce == "prod":
-            raise RuntimeError("scatter_reduce: the gradient of reduce='prod' is not supported by ge2")
         zeroed = None
         if reduce == "store" or not ctx.include_self:
             zeroed = call("scatter", gy, index, 0, dim=dim)  # positions written by src: no gradient to x
@@ -427,6 +426,10 @@ class Scatter(Function):
             gx = g if ctx.include_self else zeroed
             if need_src:
                 gsrc = call("gather", g, index, dim=dim)
+        elif reduce == "prod":
+            x, src, out = ctx.saved_tensors
+            gx, gsrc = _prod_backward(gy, x, src if src is not None else ctx.value, out, index, dim, ctx.include_self,
+                                      zeroed, need_x, need_src)
         else:  # amax / amin: the gradient is shared evenly among the elements equal to the result
             x, src, out = ctx.saved_tensors
             src = src[tuple(slice(0, s) for s in index.shape)]
@@ -442,15 +445,41 @@ class Scatter(Function):
         return (gx if need_x else None), None, gsrc, None, None, None, None
 
 
+def _prod_backward(gy, x, src, out, index, dim, include_self, zeroed, need_x, need_src):
+    """Gradients of scatter_reduce(prod) by torch's rule: each factor gets gy times the product of the
+    others, found without dividing by a zero. x: gy * (the result with x's zeros taken as 1) / (x with
+    zeros as 1). src: gy * out / src where src != 0; where src is the only zero src of its group, gy *
+    (the result with that zero taken as 1); where a group has two or more zero srcs, 0 (out is 0)."""
+    if isinstance(src, torch.Tensor):  # (else a number: scatter(value=v, reduce="multiply"), no src gradient)
+        src = src[tuple(slice(0, s) for s in index.shape)]
+    gx = gsrc = None
+    if need_x:
+        if include_self:
+            masked_x = call("where", call("eq", x, 0), 1.0, x)
+            masked_out = call("scatter", masked_x, index, src, dim=dim, reduce="prod")
+            gx = call("div", call("mul", gy, masked_out), masked_x)
+        else:
+            gx = zeroed  # x's positions that src reached were replaced, not multiplied
+    if need_src:
+        src_zero = call("eq", src, 0)
+        zeros = torch.zeros(x.shape, dtype=gy.dtype, device=gy.device)
+        n_zero = call("gather", call("scatter", zeros, index, src_zero.to(gy.dtype), dim=dim, reduce="add"), index,
+                      dim=dim)
+        single = call("logical_and", src_zero, call("eq", n_zero, 1))
+        alone = call("scatter", x, index, call("where", single, 1.0, src), dim=dim, reduce="prod",
+                     include_self=include_self)
+        others = call("gather", call("mul", gy, alone), index, dim=dim)
+        ratio = call("div", call("gather", call("mul", gy, out), index, dim=dim), call("where", src_zero, 1.0, src))
+        gsrc = call("where", single, others, ratio)
+    return gx, gsrc
+
+
 def _scatter(op: str, x: Tensor, dim: int, index: Tensor, src, reduce: str, include_self: bool = True) -> Tensor:
     if isinstance(src, Tensor):
         if src.dtype != x.dtype:
             raise TypeError(f"{op}: src has dtype {src.dtype}, x has {x.dtype}; they must match")
     else:
         src = _value(src, op)
-    if reduce == "prod" and grad_mode.is_grad_enabled() and (
-            x.requires_grad or (isinstance(src, Tensor) and src.requires_grad)):
-        raise RuntimeError(f"{op}: the gradient of reduce='prod' is not supported by ge2 (call it under no_grad)")
     return Scatter.apply(x, _long_index(op, index), src, _dim(op, dim, x.ndim), reduce, include_self, op)
 
 

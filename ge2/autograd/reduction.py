@@ -307,8 +307,12 @@ def norm(x: Tensor, p="fro", dim=None, keepdim: bool = False, dtype: torch.dtype
     """Tensor.norm: 'fro' (the 2-norm of the elements over dim) or a vector p-norm; 'nuc' is refused."""
     if p == "fro" or p is None:
         p = 2
+    if p == "nuc":
+        raise ValueError("norm: p='nuc' is not supported: the nuclear norm (the sum of the singular values) needs "
+                         "an SVD, which ge2 has no kernel for; p='fro' or a number gives the element-wise norms "
+                         "(as ge2.linalg.vector_norm)")
     if isinstance(p, str):
-        raise ValueError(f"norm: p={p!r} is not supported (matrix norms); use 'fro' or a number")
+        raise ValueError(f"norm: p={p!r} is not a norm ge2 knows; use 'fro' or a number")
     return vector_norm(x, p, dim, keepdim, dtype=dtype)
 
 
