@@ -99,6 +99,7 @@ from ge2.autograd.indexing import (  # noqa: F401
     index_copy,
     index_fill,
     index_put,
+    index_put_,
     index_select,
     masked_fill,
     masked_select,

@@ -157,6 +157,10 @@ def test_index_put_accumulate_duplicates():
     ref.backward(g)
     check_grad(a, at)
     check_grad(v, vt)
+    b, bt = T(x.clone()), x.clone()  # the function form, in place (torch.index_put_)
+    assert ge2.index_put_(b, (T(key),), T(v0), accumulate=True) is b
+    torch.index_put_(bt, (key,), v0, accumulate=True)
+    assert_matches(b.data, bt, bt)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -399,6 +403,50 @@ def test_errors():
         x[::-1, T(idx(0))]
     with raises_now(IndexError, match=r"index: index 7 is out of bounds.*tensor shape \[4, 5\]"):
         x[7, T(idx(0))] = 1.0
+
+
+def test_refusals_name_op_and_argument():
+    """Every documented refusal of the family on its message (the ones test_errors does not reach)."""
+    x = T(randn(4, 5, seed=38))
+    i = T(idx(0, 1))
+    cases = [
+        (TypeError, "index: a Python bool is not a supported index", lambda: x[True]),
+        (TypeError, "index: a 0-d bool mask is not supported", lambda: x[T(torch.tensor(True, device=DEVICE))]),
+        (IndexError, "index: at most 8 indexed dims are supported, got 9",
+         lambda: T(randn(*[2] * 9, seed=39))[(T(idx(0)),) * 9]),
+        (IndexError, r"index: an index can only have a single ellipsis", lambda: x[..., T(idx(0)), ...]),
+        (ValueError, "gather: sparse_grad=True is not supported", lambda: x.gather(1, T(idx([[0]])), sparse_grad=True)),
+        (ValueError, r"index_fill: value must be a number or a 0-d Tensor, got shape \[2\]",
+         lambda: x.index_fill(0, i, T(randn(2, seed=40)))),
+        (TypeError, "index_select: index must be an integer Tensor, got dtype torch.float32",
+         lambda: x.index_select(0, T(randn(2, seed=41)))),
+        (TypeError, "index_add: source must be a Tensor, got float", lambda: x.index_add(0, i, 1.0)),
+        (TypeError, "index_copy: source has dtype torch.float64, x has torch.float32",
+         lambda: x.index_copy(0, i, T(randn(2, 5, dtype=torch.float64, seed=42)))),
+        (TypeError, "masked_fill: mask must be a bool Tensor, got torch.float32", lambda: x.masked_fill(x, 0.0)),
+        (ValueError, r"masked_fill: mask \[3\] cannot be broadcast to x \[4, 5\]",
+         lambda: x.masked_fill(T(torch.ones(3, dtype=torch.bool, device=DEVICE)), 0.0)),
+        (ValueError, r"masked_fill: value must be a number or a 0-d Tensor, got shape \[5\]",
+         lambda: x.masked_fill(x > 0, x[0])),
+        (ValueError, r"masked_select: mask \[3\] and x \[4, 5\] do not broadcast",
+         lambda: x.masked_select(T(torch.ones(3, dtype=torch.bool, device=DEVICE)))),
+        (TypeError, "scatter: pass exactly one of src and value", lambda: x.scatter(0, T(idx([[0]])))),
+        (ValueError, "scatter: reduce must be None, 'add' or 'multiply', got 'max'",
+         lambda: x.scatter(0, T(idx([[0]])), value=1.0, reduce="max")),
+        (ValueError, "scatter_reduce: reduce must be one of sum, prod, mean, amax, amin, got 'max'",
+         lambda: x.scatter_reduce(0, T(idx([[0]])), x, "max")),
+        (ValueError, r"take_along_dim: x \[4, 5\] and indices \[2\] must have the same number of dims",
+         lambda: ge2.take_along_dim(x, i, 0)),
+        (ValueError, r"take_along_dim: x \[4, 5\] and indices \[2, 3\] do not broadcast outside dim 1",
+         lambda: ge2.take_along_dim(x, T(torch.zeros(2, 3, dtype=torch.int64, device=DEVICE)), 1)),
+        (TypeError, "one_hot: tensor must be an int64 Tensor of class indices, got torch.int32",
+         lambda: F.one_hot(T(idx(0, 1).int()))),
+        (ValueError, "one_hot: cannot infer num_classes from an empty tensor",
+         lambda: F.one_hot(T(torch.zeros(0, dtype=torch.int64, device=DEVICE)))),
+    ]
+    for exc, match, fn in cases:
+        with raises_now(exc, match=match):
+            fn()
 
 
 # ---------------------------------------------------------------------------------------------
