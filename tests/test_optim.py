@@ -8,7 +8,7 @@ import ge2
 import ge2.nn as nn
 from ge2.kernels import optim as K
 from ge2.optim import lr_scheduler as S
-from numerics import DEVICE, randn
+from numerics import DEVICE, LARGE, randn
 
 SHAPES = [(5, 3), (7,), (1,), (33, 40)]  # odd sizes; one crosses the 1024-element chunk boundary
 
@@ -188,3 +188,94 @@ def test_optimizer_errors():
         ge2.backend.call("adam_step", torch.zeros(1, K.HYPER_SLOTS, dtype=torch.float64, device=DEVICE),
                          params=[p.data], grads=[torch.zeros(3, device=DEVICE)], exp_avgs=[p.data],
                          exp_avg_sqs=[p.data], group_ids=[0], decoupled=True)
+
+
+CHUNKED = [(5, 3), (1,), (9, 13), (70,), (64,)]  # with BLOCK 16 / chunks of 64: full blocks, tails, exact ends
+
+
+def _run_views(g_opt, t_opt, gp, tp, steps, shapes, offset):
+    """_run, with ge2's gradients as views at element ``offset`` of one flat buffer (offset 1: no 16-byte alignment)."""
+    for k in range(steps):
+        grads = [randn(*s, seed=100 * k + i) for i, s in enumerate(shapes)]
+        flat = torch.empty(offset + sum(g.numel() for g in grads), device=DEVICE)
+        at = offset
+        for g, t, grad in zip(gp, tp, grads):
+            view = flat[at:at + grad.numel()].view(grad.shape)
+            view.copy_(grad)
+            at += grad.numel()
+            g.grad, t.grad = ge2.from_torch(view), grad.clone()
+        g_opt.step()
+        t_opt.step()
+
+
+SWEPT = [OPTIONS[4], OPTIONS[6], OPTIONS[8], OPTIONS[10], OPTIONS[12], OPTIONS[14]]  # every kernel, most options
+
+
+@pytest.mark.parametrize("name, kwargs, offset", [(n, k, 0) for n, k in SWEPT] + [("AdamW", dict(lr=0.01), 1)],
+                         ids=[n for n, _ in SWEPT] + ["AdamW-unaligned"])
+def test_programs_sweeping_several_blocks_match_torch(monkeypatch, name, kwargs, offset):
+    # small blocks and chunks: each program sweeps full blocks, then a masked tail (or none)
+    monkeypatch.setattr(K, "BLOCK", 16)
+    monkeypatch.setattr(K, "MAX_CHUNK", 64)
+    monkeypatch.setattr(K, "PROGRAMS_PER_SM", 1)
+    monkeypatch.setattr(K, "_sm_count", lambda device: 1)
+    gp, tp = _pair(CHUNKED)
+    t_cls = TorchLion if name == "Lion" else getattr(torch.optim, name)
+    g_opt, t_opt = getattr(ge2.optim, name)(gp, **kwargs), t_cls(tp, **kwargs)
+    _run_views(g_opt, t_opt, gp, tp, 2, CHUNKED, offset)
+    _assert_close(gp, tp, f"{name} {kwargs} chunked")
+
+
+def test_chunk_size_keeps_programs_per_sm():
+    sms = K._sm_count(torch.device("cuda")) if torch.cuda.is_available() else K._sm_count(torch.device("cpu"))
+    device = DEVICE
+    assert K._chunk_size(85_000_000, device) == K.MAX_CHUNK  # GPT-2 small: the largest chunks
+    small = K._chunk_size(10_000_000, device)  # the char GPT: smaller chunks, enough programs to fill the SMs
+    assert K.BLOCK <= small < K.MAX_CHUNK and 10_000_000 / small >= K.PROGRAMS_PER_SM * sms
+    assert K._chunk_size(100, device) == K.BLOCK
+
+
+def _bf16_pair(shapes, seed=0):
+    ps = [(randn(*s, seed=seed + i) * 0.5).to(torch.bfloat16) for i, s in enumerate(shapes)]
+    return [nn.Parameter(p.clone()) for p in ps], [p.float().requires_grad_() for p in ps]
+
+
+@pytest.mark.parametrize("name, kwargs", [("AdamW", dict(lr=0.01, weight_decay=0.1)),
+                                          ("Adam", dict(lr=0.01, weight_decay=0.1)),
+                                          ("SGD", dict(lr=0.05, momentum=0.9, weight_decay=0.01))])
+def test_bf16_params_with_fp32_state_match_torch_fp32_rounded_each_step(name, kwargs):
+    # ge2 keeps fp32 state for bf16 parameters and rounds only the parameter: the same as torch's fp32
+    # update of an fp32 copy that is rounded to bf16 after every step
+    shapes = SHAPES if not LARGE else SHAPES + [(1152, 384), (384,), (1536, 384)]
+    gp, tp = _bf16_pair(shapes)
+    g_opt, t_opt = getattr(ge2.optim, name)(gp, **kwargs), getattr(torch.optim, name)(tp, **kwargs)
+    for k in range(4):
+        for i, (g, t, s) in enumerate(zip(gp, tp, shapes)):
+            grad = randn(*s, seed=100 * k + i).to(torch.bfloat16)
+            g.grad, t.grad = ge2.from_torch(grad.clone()), grad.float()
+        g_opt.step()
+        t_opt.step()
+        with torch.no_grad():
+            for t in tp:
+                t.copy_(t.bfloat16().float())
+    for i, (g, t) in enumerate(zip(gp, tp)):
+        assert g.data.dtype == torch.bfloat16
+        state = g_opt.state[g]
+        assert all(v.dtype == torch.float32 for v in state.values())
+        # identical fp32 math; a rounding-boundary case may differ by one bf16 ulp (2^-8 relative)
+        torch.testing.assert_close(g.data.float(), t.detach(), rtol=2 ** -7, atol=1e-6, msg=f"{name}: param {i}")
+        t_state = t_opt.state[t]
+        for key, v in state.items():
+            torch.testing.assert_close(v, t_state[key], rtol=1e-4, atol=1e-6, msg=f"{name}: {key} of param {i}")
+
+
+@pytest.mark.skipif(not LARGE, reason="GPT parameter list: GPU (GE2_TEST_LARGE=1)")
+@pytest.mark.parametrize("name, kwargs", [("AdamW", dict(lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1)),
+                                          ("SGD", dict(lr=0.05, momentum=0.9))])
+def test_gpt_parameter_list_matches_torch(name, kwargs):
+    d = 384  # the char GPT: 6 blocks of LayerNorm, c_attn, c_proj, LayerNorm, c_fc, c_proj; embeddings
+    shapes = [(65, d), (256, d)] + 6 * [(d,), (3 * d, d), (d, d), (d,), (4 * d, d), (d, 4 * d)] + [(d,)]
+    gp, tp = _pair(shapes)
+    g_opt, t_opt = getattr(ge2.optim, name)(gp, **kwargs), getattr(torch.optim, name)(tp, **kwargs)
+    _run(g_opt, t_opt, gp, tp, steps=3, shapes=shapes)
+    _assert_close(gp, tp, f"{name} GPT list")

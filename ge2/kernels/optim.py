@@ -2,10 +2,12 @@
 
 One launch updates every parameter of one dtype: a device table holds, per parameter, the
 addresses of the parameter, its gradient and its optimizer state, its element count and its
-parameter group; a chunk table maps each program to (parameter, first element). A program
-loads its row, casts the addresses to pointers and updates ``BLOCK`` elements. The tables are
-rebuilt only when an address changes (a cache keyed by the addresses), so a steady training loop
-uploads nothing.
+parameter group; a chunk table maps each program to (parameter, first element, end). A program
+loads its rows, casts the addresses to pointers and sweeps its chunk (up to ``MAX_CHUNK``
+elements) ``BLOCK`` elements at a time: full blocks unmasked, with 16-byte vector accesses when
+every address is 16-byte aligned, then the masked tail. The tables are rebuilt only when an
+address changes (a cache keyed by the addresses), so a steady training loop uploads nothing.
+Parameters may be fp32, bf16 or fp16 (the gradient's dtype): the state is fp32 whatever they are.
 
 Hyper-parameters and step counts live on the device in ``hyper``, float64 [groups, HYPER_SLOTS]
 (layout below). ``optim_prepare_kernel`` (one program per group) advances the step and the
@@ -26,6 +28,7 @@ import triton
 import triton.language as tl
 
 from ge2 import graphs
+from ge2.kernels.gemm import _sm_count
 
 
 # hyper slots: what the user sets, then what optim_prepare_kernel maintains.
@@ -36,7 +39,9 @@ LR_DECAY = 10  # Adagrad
 HYPER_SLOTS = 16
 
 TABLE_COLS = 6  # param, grad, state1, state2 addresses, numel, group
-BLOCK = 1024
+BLOCK = 1024  # elements a program updates per loop step
+MAX_CHUNK = 65536  # elements per program (one chunk-table row) at most
+PROGRAMS_PER_SM = 8  # chunks shrink (to BLOCK at least) until a launch has about this many programs per SM
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16,
               torch.float64: tl.float64}
@@ -44,7 +49,9 @@ _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat
 
 # One fixed config, no autotuning: the updates write in place, and tuning re-runs a kernel to time
 # it (every re-run would apply the update again). They are memory-bound streams; 4 warps on 1024
-# elements give each thread 8 contiguous elements (two 16-byte accesses per tensor).
+# elements give each thread 8 contiguous elements (two 16-byte accesses per fp32 tensor). A program
+# sweeps a chunk of up to MAX_CHUNK elements, so its two dependent table loads (chunk row, then
+# tensor row) are paid once per chunk, not once per 1024 elements.
 NUM_WARPS = 4
 
 
@@ -86,42 +93,48 @@ def optim_prepare_kernel(hyper_ptr, found_ptr, HYPER_SLOTS: tl.constexpr, SKIP: 
 
 
 @triton.jit
-def _chunk(table_ptr, chunks_ptr, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
-    """(param ptr, grad ptr, state1 ptr, state2 ptr, offsets, mask, group) of this program's chunk."""
-    c = tl.program_id(0)
-    t = tl.load(chunks_ptr + 2 * c)
-    start = tl.load(chunks_ptr + 2 * c + 1)
-    row = table_ptr + t * 6
-    p = tl.load(row).to(tl.pointer_type(DTYPE))
-    g = tl.load(row + 1).to(tl.pointer_type(DTYPE))
-    s1 = tl.load(row + 2).to(tl.pointer_type(tl.float32))
-    s2 = tl.load(row + 3).to(tl.pointer_type(tl.float32))
-    offs = start + tl.arange(0, BLOCK)
-    mask = offs < tl.load(row + 4)
-    return p, g, s1, s2, offs, mask, tl.load(row + 5)
+def _address(row, col, DTYPE: tl.constexpr, ALIGNED: tl.constexpr):
+    ptr = tl.load(row + col).to(tl.pointer_type(DTYPE))
+    if ALIGNED:  # the host checked every address of the launch: 16-byte vector loads are legal
+        ptr = tl.multiple_of(ptr, 16)
+    return ptr
 
 
 @triton.jit
-def sgd_kernel(table_ptr, chunks_ptr, hyper_ptr, scale_ptr, found_ptr, HYPER_SLOTS: tl.constexpr,
-               DTYPE: tl.constexpr, UNSCALE: tl.constexpr, SKIP: tl.constexpr,
-               HAS_MOMENTUM: tl.constexpr, NESTEROV: tl.constexpr, BLOCK: tl.constexpr):
-    """p -= lr * d, d = g + wd p, or its momentum buffer (torch.optim.SGD's rule)."""
-    p_ptr, g_ptr, buf_ptr, _s2, offs, mask, group = _chunk(table_ptr, chunks_ptr, DTYPE, BLOCK)
-    mask = tl.where(_live(found_ptr, SKIP), mask, False)
-    h = hyper_ptr + group * HYPER_SLOTS
-    lr = tl.load(h + 0).to(tl.float32)
-    wd = tl.load(h + 4).to(tl.float32)
-    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    d = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    d = _unscaled(d, scale_ptr, UNSCALE)
+def _chunk(table_ptr, chunks_ptr, DTYPE: tl.constexpr, ALIGNED: tl.constexpr):
+    """(param ptr, grad ptr, state1 ptr, state2 ptr, start, end, group) of this program's chunk [start, end)."""
+    c = chunks_ptr + 3 * tl.program_id(0)
+    row = table_ptr + tl.load(c) * 6  # TABLE_COLS
+    start = tl.load(c + 1)
+    if ALIGNED:
+        start = tl.multiple_of(start, 16)
+    return (_address(row, 0, DTYPE, ALIGNED), _address(row, 1, DTYPE, ALIGNED),
+            _address(row, 2, tl.float32, ALIGNED), _address(row, 3, tl.float32, ALIGNED),
+            start, tl.load(c + 2), tl.load(row + 5))
+
+
+@triton.jit
+def _ld(ptrs, mask):
+    """fp32 values at ptrs: unmasked (vectorisable) for a full block, masked for a chunk's tail."""
+    if mask is None:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=mask, other=0.0)
+    return x.to(tl.float32)
+
+
+# Each update kernel sweeps its chunk [start, end) in BLOCK-element blocks: every full block without
+# a mask (a mask of unknown alignment would force scalar accesses), then the tail with one. A step
+# skipped by the loss scaler sets end = start, so nothing is read or stored.
+@triton.jit
+def _sgd_block(p_ptr, g_ptr, buf_ptr, offs, mask, scale_ptr, lr, wd, momentum, keep, first, UNSCALE: tl.constexpr,
+               HAS_MOMENTUM: tl.constexpr, NESTEROV: tl.constexpr, DTYPE: tl.constexpr):
+    p = _ld(p_ptr + offs, mask)
+    d = _unscaled(_ld(g_ptr + offs, mask), scale_ptr, UNSCALE)
     d = d + wd * p
     if HAS_MOMENTUM:
-        momentum = tl.load(h + 1).to(tl.float32)
-        keep = (1.0 - tl.load(h + 2)).to(tl.float32)  # 1 - dampening
-        first = tl.load(h + 5) == 1.0
-        buf = tl.load(buf_ptr + offs, mask=mask, other=0.0)
         # torch starts the buffer at the first gradient itself (no dampening on step 1)
-        buf = tl.where(first, d, buf * momentum + keep * d)
+        buf = tl.where(first, d, _ld(buf_ptr + offs, mask) * momentum + keep * d)
         tl.store(buf_ptr + offs, buf, mask=mask)
         if NESTEROV:
             d = d + momentum * buf
@@ -131,31 +144,40 @@ def sgd_kernel(table_ptr, chunks_ptr, hyper_ptr, scale_ptr, found_ptr, HYPER_SLO
 
 
 @triton.jit
-def adam_kernel(table_ptr, chunks_ptr, hyper_ptr, scale_ptr, found_ptr, HYPER_SLOTS: tl.constexpr,
-                DTYPE: tl.constexpr, UNSCALE: tl.constexpr, SKIP: tl.constexpr,
-                DECOUPLED: tl.constexpr, BLOCK: tl.constexpr):
-    """Adam (L2 weight decay into g) or AdamW (decoupled: p *= 1 - lr wd), torch.optim's order of operations."""
-    p_ptr, g_ptr, m_ptr, v_ptr, offs, mask, group = _chunk(table_ptr, chunks_ptr, DTYPE, BLOCK)
-    mask = tl.where(_live(found_ptr, SKIP), mask, False)
+def sgd_kernel(table_ptr, chunks_ptr, hyper_ptr, scale_ptr, found_ptr, HYPER_SLOTS: tl.constexpr,
+               DTYPE: tl.constexpr, UNSCALE: tl.constexpr, SKIP: tl.constexpr, ALIGNED: tl.constexpr,
+               HAS_MOMENTUM: tl.constexpr, NESTEROV: tl.constexpr, BLOCK: tl.constexpr):
+    """p -= lr * d, d = g + wd p, or its momentum buffer (torch.optim.SGD's rule)."""
+    p_ptr, g_ptr, buf_ptr, _s2, start, end, group = _chunk(table_ptr, chunks_ptr, DTYPE, ALIGNED)
+    end = tl.where(_live(found_ptr, SKIP), end, start)
     h = hyper_ptr + group * HYPER_SLOTS
-    lr = tl.load(h + 0)
-    beta1 = tl.load(h + 1)
-    beta2 = tl.load(h + 2)
-    eps = tl.load(h + 3).to(tl.float32)
-    wd = tl.load(h + 4)
-    step_size = tl.load(h + 8).to(tl.float32)
-    bc2_sqrt = tl.load(h + 9).to(tl.float32)
-    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    g = _unscaled(g, scale_ptr, UNSCALE)
+    lr = tl.load(h + 0).to(tl.float32)
+    wd = tl.load(h + 4).to(tl.float32)
+    momentum = tl.load(h + 1).to(tl.float32)
+    keep = (1.0 - tl.load(h + 2)).to(tl.float32)  # 1 - dampening
+    first = tl.load(h + 5) == 1.0
+    full = (end - start) // BLOCK
+    for i in range(0, full):
+        _sgd_block(p_ptr, g_ptr, buf_ptr, start + i * BLOCK + tl.arange(0, BLOCK), None, scale_ptr, lr, wd, momentum,
+                   keep, first, UNSCALE, HAS_MOMENTUM, NESTEROV, DTYPE)
+    offs = start + full * BLOCK + tl.arange(0, BLOCK)
+    _sgd_block(p_ptr, g_ptr, buf_ptr, offs, offs < end, scale_ptr, lr, wd, momentum, keep, first, UNSCALE,
+               HAS_MOMENTUM, NESTEROV, DTYPE)
+
+
+@triton.jit
+def _adam_block(p_ptr, g_ptr, m_ptr, v_ptr, offs, mask, scale_ptr, decay, wd, beta1c, beta2, beta2c, eps, step_size,
+                bc2_sqrt, UNSCALE: tl.constexpr, DECOUPLED: tl.constexpr, DTYPE: tl.constexpr):
+    p = _ld(p_ptr + offs, mask)
+    g = _unscaled(_ld(g_ptr + offs, mask), scale_ptr, UNSCALE)
     if DECOUPLED:
-        p = p * (1.0 - lr * wd).to(tl.float32)
+        p = p * decay
     else:
-        g = g + wd.to(tl.float32) * p
-    m = tl.load(m_ptr + offs, mask=mask, other=0.0)
-    v = tl.load(v_ptr + offs, mask=mask, other=0.0)
-    m = m + (1.0 - beta1).to(tl.float32) * (g - m)  # torch's lerp_ for weights < 0.5
-    v = v * beta2.to(tl.float32) + (1.0 - beta2).to(tl.float32) * (g * g)
+        g = g + wd * p
+    m = _ld(m_ptr + offs, mask)
+    v = _ld(v_ptr + offs, mask)
+    m = m + beta1c * (g - m)  # torch's lerp_ for weights < 0.5
+    v = v * beta2 + beta2c * (g * g)
     tl.store(m_ptr + offs, m, mask=mask)
     tl.store(v_ptr + offs, v, mask=mask)
     denom = tl.sqrt(v) / bc2_sqrt + eps
@@ -163,26 +185,46 @@ def adam_kernel(table_ptr, chunks_ptr, hyper_ptr, scale_ptr, found_ptr, HYPER_SL
 
 
 @triton.jit
-def rmsprop_kernel(table_ptr, chunks_ptr, hyper_ptr, scale_ptr, found_ptr, HYPER_SLOTS: tl.constexpr,
-                   DTYPE: tl.constexpr, UNSCALE: tl.constexpr, SKIP: tl.constexpr,
-                   HAS_MOMENTUM: tl.constexpr, BLOCK: tl.constexpr):
-    """torch.optim.RMSprop (not centered): v = alpha v + (1 - alpha) g^2; p -= lr g / (sqrt(v) + eps), or via momentum."""
-    p_ptr, g_ptr, v_ptr, buf_ptr, offs, mask, group = _chunk(table_ptr, chunks_ptr, DTYPE, BLOCK)
-    mask = tl.where(_live(found_ptr, SKIP), mask, False)
+def adam_kernel(table_ptr, chunks_ptr, hyper_ptr, scale_ptr, found_ptr, HYPER_SLOTS: tl.constexpr,
+                DTYPE: tl.constexpr, UNSCALE: tl.constexpr, SKIP: tl.constexpr, ALIGNED: tl.constexpr,
+                DECOUPLED: tl.constexpr, BLOCK: tl.constexpr):
+    """Adam (L2 weight decay into g) or AdamW (decoupled: p *= 1 - lr wd), torch.optim's order of operations."""
+    p_ptr, g_ptr, m_ptr, v_ptr, start, end, group = _chunk(table_ptr, chunks_ptr, DTYPE, ALIGNED)
+    end = tl.where(_live(found_ptr, SKIP), end, start)
     h = hyper_ptr + group * HYPER_SLOTS
-    lr = tl.load(h + 0).to(tl.float32)
-    alpha = tl.load(h + 2)
+    lr = tl.load(h + 0)
+    beta1 = tl.load(h + 1)
+    beta2 = tl.load(h + 2)
+    wd = tl.load(h + 4)
+    decay = (1.0 - lr * wd).to(tl.float32)
+    wd = wd.to(tl.float32)
+    beta1c = (1.0 - beta1).to(tl.float32)
+    beta2c = (1.0 - beta2).to(tl.float32)
+    beta2 = beta2.to(tl.float32)
     eps = tl.load(h + 3).to(tl.float32)
-    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    g = _unscaled(g, scale_ptr, UNSCALE)
-    g = g + tl.load(h + 4).to(tl.float32) * p
-    v = tl.load(v_ptr + offs, mask=mask, other=0.0)
-    v = v * alpha.to(tl.float32) + (1.0 - alpha).to(tl.float32) * (g * g)
+    step_size = tl.load(h + 8).to(tl.float32)
+    bc2_sqrt = tl.load(h + 9).to(tl.float32)
+    full = (end - start) // BLOCK
+    for i in range(0, full):
+        _adam_block(p_ptr, g_ptr, m_ptr, v_ptr, start + i * BLOCK + tl.arange(0, BLOCK), None, scale_ptr, decay, wd,
+                    beta1c, beta2, beta2c, eps, step_size, bc2_sqrt, UNSCALE, DECOUPLED, DTYPE)
+    offs = start + full * BLOCK + tl.arange(0, BLOCK)
+    _adam_block(p_ptr, g_ptr, m_ptr, v_ptr, offs, offs < end, scale_ptr, decay, wd, beta1c, beta2, beta2c, eps,
+                step_size, bc2_sqrt, UNSCALE, DECOUPLED, DTYPE)
+
+
+@triton.jit
+def _rmsprop_block(p_ptr, g_ptr, v_ptr, buf_ptr, offs, mask, scale_ptr, lr, wd, alpha, alphac, eps, momentum,
+                   UNSCALE: tl.constexpr, HAS_MOMENTUM: tl.constexpr, DTYPE: tl.constexpr):
+    p = _ld(p_ptr + offs, mask)
+    g = _unscaled(_ld(g_ptr + offs, mask), scale_ptr, UNSCALE)
+    g = g + wd * p
+    v = _ld(v_ptr + offs, mask)
+    v = v * alpha + alphac * (g * g)
     tl.store(v_ptr + offs, v, mask=mask)
     avg = tl.sqrt(v) + eps
     if HAS_MOMENTUM:
-        buf = tl.load(buf_ptr + offs, mask=mask, other=0.0) * tl.load(h + 1).to(tl.float32) + g / avg
+        buf = _ld(buf_ptr + offs, mask) * momentum + g / avg
         tl.store(buf_ptr + offs, buf, mask=mask)
         p = p + (-lr) * buf
     else:
@@ -191,53 +233,107 @@ def rmsprop_kernel(table_ptr, chunks_ptr, hyper_ptr, scale_ptr, found_ptr, HYPER
 
 
 @triton.jit
-def adagrad_kernel(table_ptr, chunks_ptr, hyper_ptr, scale_ptr, found_ptr, HYPER_SLOTS: tl.constexpr,
-                   DTYPE: tl.constexpr, UNSCALE: tl.constexpr, SKIP: tl.constexpr, BLOCK: tl.constexpr):
-    """torch.optim.Adagrad: s += g^2; p -= lr / (1 + (t - 1) lr_decay) * g / (sqrt(s) + eps)."""
-    p_ptr, g_ptr, s_ptr, _s2, offs, mask, group = _chunk(table_ptr, chunks_ptr, DTYPE, BLOCK)
-    mask = tl.where(_live(found_ptr, SKIP), mask, False)
+def rmsprop_kernel(table_ptr, chunks_ptr, hyper_ptr, scale_ptr, found_ptr, HYPER_SLOTS: tl.constexpr,
+                   DTYPE: tl.constexpr, UNSCALE: tl.constexpr, SKIP: tl.constexpr, ALIGNED: tl.constexpr,
+                   HAS_MOMENTUM: tl.constexpr, BLOCK: tl.constexpr):
+    """torch.optim.RMSprop (not centered): v = alpha v + (1 - alpha) g^2; p -= lr g / (sqrt(v) + eps), or via momentum."""
+    p_ptr, g_ptr, v_ptr, buf_ptr, start, end, group = _chunk(table_ptr, chunks_ptr, DTYPE, ALIGNED)
+    end = tl.where(_live(found_ptr, SKIP), end, start)
     h = hyper_ptr + group * HYPER_SLOTS
-    clr = (tl.load(h + 0) / (1.0 + (tl.load(h + 5) - 1.0) * tl.load(h + 10))).to(tl.float32)
+    alpha = tl.load(h + 2)
+    lr = tl.load(h + 0).to(tl.float32)
+    wd = tl.load(h + 4).to(tl.float32)
+    alphac = (1.0 - alpha).to(tl.float32)
+    alpha = alpha.to(tl.float32)
     eps = tl.load(h + 3).to(tl.float32)
-    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    g = _unscaled(g, scale_ptr, UNSCALE)
-    g = g + tl.load(h + 4).to(tl.float32) * p
-    acc = tl.load(s_ptr + offs, mask=mask, other=0.0) + g * g
+    momentum = tl.load(h + 1).to(tl.float32)
+    full = (end - start) // BLOCK
+    for i in range(0, full):
+        _rmsprop_block(p_ptr, g_ptr, v_ptr, buf_ptr, start + i * BLOCK + tl.arange(0, BLOCK), None, scale_ptr, lr, wd,
+                       alpha, alphac, eps, momentum, UNSCALE, HAS_MOMENTUM, DTYPE)
+    offs = start + full * BLOCK + tl.arange(0, BLOCK)
+    _rmsprop_block(p_ptr, g_ptr, v_ptr, buf_ptr, offs, offs < end, scale_ptr, lr, wd, alpha, alphac, eps, momentum,
+                   UNSCALE, HAS_MOMENTUM, DTYPE)
+
+
+@triton.jit
+def _adagrad_block(p_ptr, g_ptr, s_ptr, offs, mask, scale_ptr, clr, wd, eps, UNSCALE: tl.constexpr,
+                   DTYPE: tl.constexpr):
+    p = _ld(p_ptr + offs, mask)
+    g = _unscaled(_ld(g_ptr + offs, mask), scale_ptr, UNSCALE)
+    g = g + wd * p
+    acc = _ld(s_ptr + offs, mask) + g * g
     tl.store(s_ptr + offs, acc, mask=mask)
     tl.store(p_ptr + offs, (p + (-clr) * (g / (tl.sqrt(acc) + eps))).to(DTYPE), mask=mask)
 
 
 @triton.jit
+def adagrad_kernel(table_ptr, chunks_ptr, hyper_ptr, scale_ptr, found_ptr, HYPER_SLOTS: tl.constexpr,
+                   DTYPE: tl.constexpr, UNSCALE: tl.constexpr, SKIP: tl.constexpr, ALIGNED: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """torch.optim.Adagrad: s += g^2; p -= lr / (1 + (t - 1) lr_decay) * g / (sqrt(s) + eps)."""
+    p_ptr, g_ptr, s_ptr, _s2, start, end, group = _chunk(table_ptr, chunks_ptr, DTYPE, ALIGNED)
+    end = tl.where(_live(found_ptr, SKIP), end, start)
+    h = hyper_ptr + group * HYPER_SLOTS
+    clr = (tl.load(h + 0) / (1.0 + (tl.load(h + 5) - 1.0) * tl.load(h + 10))).to(tl.float32)
+    wd = tl.load(h + 4).to(tl.float32)
+    eps = tl.load(h + 3).to(tl.float32)
+    full = (end - start) // BLOCK
+    for i in range(0, full):
+        _adagrad_block(p_ptr, g_ptr, s_ptr, start + i * BLOCK + tl.arange(0, BLOCK), None, scale_ptr, clr, wd, eps,
+                       UNSCALE, DTYPE)
+    offs = start + full * BLOCK + tl.arange(0, BLOCK)
+    _adagrad_block(p_ptr, g_ptr, s_ptr, offs, offs < end, scale_ptr, clr, wd, eps, UNSCALE, DTYPE)
+
+
+@triton.jit
+def _lion_block(p_ptr, g_ptr, m_ptr, offs, mask, scale_ptr, decay, lr, beta1c, beta2c, UNSCALE: tl.constexpr,
+                DTYPE: tl.constexpr):
+    p = _ld(p_ptr + offs, mask) * decay
+    g = _unscaled(_ld(g_ptr + offs, mask), scale_ptr, UNSCALE)
+    m = _ld(m_ptr + offs, mask)
+    u = m + beta1c * (g - m)
+    direction = tl.where(u > 0, 1.0, tl.where(u < 0, -1.0, 0.0))
+    tl.store(p_ptr + offs, (p - lr * direction).to(DTYPE), mask=mask)
+    tl.store(m_ptr + offs, m + beta2c * (g - m), mask=mask)
+
+
+@triton.jit
 def lion_kernel(table_ptr, chunks_ptr, hyper_ptr, scale_ptr, found_ptr, HYPER_SLOTS: tl.constexpr,
-                DTYPE: tl.constexpr, UNSCALE: tl.constexpr, SKIP: tl.constexpr, BLOCK: tl.constexpr):
+                DTYPE: tl.constexpr, UNSCALE: tl.constexpr, SKIP: tl.constexpr, ALIGNED: tl.constexpr,
+                BLOCK: tl.constexpr):
     """Lion (Chen et al. 2023): p = p (1 - lr wd) - lr sign(lerp(m, g, 1 - beta1)); m = lerp(m, g, 1 - beta2)."""
-    p_ptr, g_ptr, m_ptr, _s2, offs, mask, group = _chunk(table_ptr, chunks_ptr, DTYPE, BLOCK)
-    mask = tl.where(_live(found_ptr, SKIP), mask, False)
+    p_ptr, g_ptr, m_ptr, _s2, start, end, group = _chunk(table_ptr, chunks_ptr, DTYPE, ALIGNED)
+    end = tl.where(_live(found_ptr, SKIP), end, start)
     h = hyper_ptr + group * HYPER_SLOTS
     lr = tl.load(h + 0)
-    beta1 = tl.load(h + 1)
-    beta2 = tl.load(h + 2)
-    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32) * (1.0 - lr * tl.load(h + 4)).to(tl.float32)
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    g = _unscaled(g, scale_ptr, UNSCALE)
-    m = tl.load(m_ptr + offs, mask=mask, other=0.0)
-    u = m + (1.0 - beta1).to(tl.float32) * (g - m)
-    direction = tl.where(u > 0, 1.0, tl.where(u < 0, -1.0, 0.0))
-    tl.store(p_ptr + offs, (p - lr.to(tl.float32) * direction).to(DTYPE), mask=mask)
-    tl.store(m_ptr + offs, m + (1.0 - beta2).to(tl.float32) * (g - m), mask=mask)
+    decay = (1.0 - lr * tl.load(h + 4)).to(tl.float32)
+    beta1c = (1.0 - tl.load(h + 1)).to(tl.float32)
+    beta2c = (1.0 - tl.load(h + 2)).to(tl.float32)
+    lr = lr.to(tl.float32)
+    full = (end - start) // BLOCK
+    for i in range(0, full):
+        _lion_block(p_ptr, g_ptr, m_ptr, start + i * BLOCK + tl.arange(0, BLOCK), None, scale_ptr, decay, lr, beta1c,
+                    beta2c, UNSCALE, DTYPE)
+    offs = start + full * BLOCK + tl.arange(0, BLOCK)
+    _lion_block(p_ptr, g_ptr, m_ptr, offs, offs < end, scale_ptr, decay, lr, beta1c, beta2c, UNSCALE, DTYPE)
 
 
 @triton.jit
 def amp_unscale_kernel(table_ptr, chunks_ptr, scale_ptr, found_ptr, total_ptr, DTYPE: tl.constexpr,
-                       WRITE: tl.constexpr, BLOCK: tl.constexpr):
+                       WRITE: tl.constexpr, ALIGNED: tl.constexpr, BLOCK: tl.constexpr):
     """found = total = 1 if this chunk of gradients holds an inf or NaN; WRITE: g /= loss scale in place."""
-    _p, g_ptr, _s1, _s2, offs, mask, _group = _chunk(table_ptr, chunks_ptr, DTYPE, BLOCK)
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    # the check reads the scaled gradient, as torch's does; NaN fails the comparison too
-    bad = tl.max((~(tl.abs(g) <= 3.4028234663852886e38)).to(tl.int32), axis=0) > 0
-    if WRITE:
-        tl.store(g_ptr + offs, _unscaled(g, scale_ptr, True).to(DTYPE), mask=mask)
+    _p, g_ptr, _s1, _s2, start, end, _group = _chunk(table_ptr, chunks_ptr, DTYPE, ALIGNED)
+    bad = tl.zeros([BLOCK], tl.int32)
+    for b in range(start, end, BLOCK):
+        offs = b + tl.arange(0, BLOCK)
+        mask = offs < end
+        g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        # the check reads the scaled gradient, as torch's does; NaN fails the comparison too
+        bad = tl.maximum(bad, (~(tl.abs(g) <= 3.4028234663852886e38)).to(tl.int32))
+        if WRITE:
+            tl.store(g_ptr + offs, _unscaled(g, scale_ptr, True).to(DTYPE), mask=mask)
+    bad = tl.max(bad, axis=0) > 0
     # every program that finds one stores the same 1.0: racing plain stores agree, no atomics needed
     tl.store(found_ptr, 1.0, mask=bad)
     tl.store(total_ptr, 1.0, mask=bad)
@@ -261,14 +357,21 @@ def amp_update_scale_kernel(scale_ptr, tracker_ptr, found_ptr, growth_factor, ba
 
 @triton.jit
 def grad_norm_partial_kernel(table_ptr, chunks_ptr, partial_ptr, DTYPE: tl.constexpr, INF_NORM: tl.constexpr,
-                             BLOCK: tl.constexpr):
+                             ALIGNED: tl.constexpr, BLOCK: tl.constexpr):
     """partial[chunk] = sum of g^2 (or max |g|) over this program's chunk."""
-    _p, g_ptr, _s1, _s2, offs, mask, _group = _chunk(table_ptr, chunks_ptr, DTYPE, BLOCK)
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    _p, g_ptr, _s1, _s2, start, end, _group = _chunk(table_ptr, chunks_ptr, DTYPE, ALIGNED)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for b in range(start, end, BLOCK):
+        offs = b + tl.arange(0, BLOCK)
+        g = tl.load(g_ptr + offs, mask=offs < end, other=0.0).to(tl.float32)
+        if INF_NORM:
+            acc = tl.maximum(acc, tl.abs(g))
+        else:
+            acc += g * g
     if INF_NORM:
-        tl.store(partial_ptr + tl.program_id(0), tl.max(tl.abs(g), axis=0))
+        tl.store(partial_ptr + tl.program_id(0), tl.max(acc, axis=0))
     else:
-        tl.store(partial_ptr + tl.program_id(0), tl.sum(g * g, axis=0))
+        tl.store(partial_ptr + tl.program_id(0), tl.sum(acc, axis=0))
 
 
 @triton.jit
@@ -292,11 +395,15 @@ def grad_norm_finish_kernel(partial_ptr, n_partials, norm_ptr, coef_ptr, max_nor
 
 
 @triton.jit
-def scale_grads_kernel(table_ptr, chunks_ptr, coef_ptr, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+def scale_grads_kernel(table_ptr, chunks_ptr, coef_ptr, DTYPE: tl.constexpr, ALIGNED: tl.constexpr,
+                       BLOCK: tl.constexpr):
     """g *= coef (read on the device: no host sync between the norm and the scaling)."""
-    _p, g_ptr, _s1, _s2, offs, mask, _group = _chunk(table_ptr, chunks_ptr, DTYPE, BLOCK)
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(g_ptr + offs, (g * tl.load(coef_ptr)).to(DTYPE), mask=mask)
+    _p, g_ptr, _s1, _s2, start, end, _group = _chunk(table_ptr, chunks_ptr, DTYPE, ALIGNED)
+    coef = tl.load(coef_ptr)
+    for b in range(start, end, BLOCK):
+        offs = b + tl.arange(0, BLOCK)
+        g = tl.load(g_ptr + offs, mask=offs < end, other=0.0).to(tl.float32)
+        tl.store(g_ptr + offs, (g * coef).to(DTYPE), mask=offs < end)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,27 +437,41 @@ def _cached(cache: dict, key: tuple, build):
     return hit
 
 
-def tensor_table(params, grads, states1, states2, groups) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(table int64 [T, 6], chunks int64 [n, 2], n) on the params' device.
+def _chunk_size(total: int, device: torch.device) -> int:
+    """Elements per program: MAX_CHUNK, halved (down to BLOCK) while a launch would have fewer than
+    PROGRAMS_PER_SM programs per SM (a small model's few big chunks would leave SMs idle)."""
+    chunk = MAX_CHUNK
+    while chunk > BLOCK and total < chunk * PROGRAMS_PER_SM * _sm_count(device):
+        chunk //= 2
+    return chunk
 
-    Two caches: the chunk list ([n, 2], hundreds of rows for a small model) depends only on the
-    sizes, so it is built once; the address table (T rows) changes whenever a gradient lands at a
-    new address, which in eager training is most steps.
+
+def tensor_table(params, grads, states1, states2, groups) -> tuple[torch.Tensor, torch.Tensor, int, bool]:
+    """(table int64 [T, 6], chunks int64 [n, 3] of (tensor, start, end), n, aligned) on the params' device.
+
+    Two caches: the chunk list depends only on the sizes, so it is built once; the address table
+    (T rows) changes whenever a gradient lands at a new address, which in eager training is most
+    steps. ``aligned``: every address is a multiple of 16 bytes (torch's allocations are; a view at
+    an odd offset, e.g. a gradient inside a flat bucket, is not), so the kernels may use 16-byte
+    vector accesses.
     """
     rows = tuple((_addr(p), _addr(g), _addr(s1), _addr(s2), g.numel(), grp)
                  for p, g, s1, s2, grp in zip(params, grads, states1, states2, groups))
     device = grads[0].device
     table = _cached(_TABLE_CACHE, (device, rows),
                     lambda: _to_device(torch.tensor([list(r) for r in rows], dtype=torch.int64), device))
+    sizes = tuple(r[4] for r in rows)
 
     def chunks():
-        pairs = [(i, start) for i, r in enumerate(rows) for start in range(0, r[4], BLOCK)]
-        return _to_device(torch.tensor(pairs or [(0, 0)], dtype=torch.int64), device), len(pairs)
+        step = _chunk_size(sum(sizes), device)
+        triples = [(i, start, min(start + step, n)) for i, n in enumerate(sizes) for start in range(0, n, step)]
+        return _to_device(torch.tensor(triples or [(0, 0, 0)], dtype=torch.int64), device), len(triples)
 
-    chunk_t, n = _cached(_CHUNK_CACHE, (device, tuple(r[4] for r in rows)), chunks)
+    chunk_t, n = _cached(_CHUNK_CACHE, (device, sizes, BLOCK, MAX_CHUNK, PROGRAMS_PER_SM), chunks)
     graphs.keep_alive(table)  # while capturing: the graph reads them even after the caches drop them
     graphs.keep_alive(chunk_t)
-    return table, chunk_t, n
+    aligned = all(a % 16 == 0 for r in rows for a in r[:4])
+    return table, chunk_t, n, aligned
 
 
 def _by_dtype(grads) -> dict[torch.dtype, list[int]]:
@@ -379,71 +500,57 @@ def _amp_args(hyper: torch.Tensor, scale: torch.Tensor | None, found_inf: torch.
                 UNSCALE=scale is not None, SKIP=found_inf is not None)
 
 
+def _launch_update(kernel, hyper: torch.Tensor, scale, found_inf, params, grads, states1, states2, group_ids,
+                   **flags) -> None:
+    """prepare(), then one launch of an update kernel per gradient dtype over its (param, grad, state1, state2) rows."""
+    prepare(hyper, found_inf)
+    amp = _amp_args(hyper, scale, found_inf)
+    absent = [None] * len(params)
+    for dtype, idx in _by_dtype(grads).items():
+        table, chunks, n, aligned = tensor_table(_pick(params, idx), _pick(grads, idx), _pick(states1 or absent, idx),
+                                                 _pick(states2 or absent, idx), _pick(group_ids, idx))
+        if n:
+            kernel[(n,)](table, chunks, hyper, **amp, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype], ALIGNED=aligned,
+                         BLOCK=BLOCK, num_warps=NUM_WARPS, **flags)
+
+
 def sgd_step(hyper: torch.Tensor, params, grads, momentum_buffers, group_ids, *, has_momentum: bool,
              nesterov: bool, scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None) -> None:
     """In-place SGD update of ``params`` (contiguous) from ``grads``; buffers fp32 like params (or None)."""
-    prepare(hyper, found_inf)
-    amp = _amp_args(hyper, scale, found_inf)
-    bufs = momentum_buffers if has_momentum else [None] * len(params)
-    for dtype, idx in _by_dtype(grads).items():
-        table, chunks, n = tensor_table(_pick(params, idx), _pick(grads, idx), _pick(bufs, idx), [None] * len(idx),
-                                        _pick(group_ids, idx))
-        if n:
-            sgd_kernel[(n,)](table, chunks, hyper, **amp, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype],
-                             HAS_MOMENTUM=has_momentum, NESTEROV=nesterov, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    _launch_update(sgd_kernel, hyper, scale, found_inf, params, grads, momentum_buffers if has_momentum else None,
+                   None, group_ids, HAS_MOMENTUM=has_momentum, NESTEROV=nesterov)
 
 
 def adam_step(hyper: torch.Tensor, params, grads, exp_avgs, exp_avg_sqs, group_ids, *, decoupled: bool,
               scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None) -> None:
-    """In-place Adam (decoupled=False) or AdamW update; exp_avgs/exp_avg_sqs fp32 like params."""
-    prepare(hyper, found_inf)
-    amp = _amp_args(hyper, scale, found_inf)
-    for dtype, idx in _by_dtype(grads).items():
-        table, chunks, n = tensor_table(_pick(params, idx), _pick(grads, idx), _pick(exp_avgs, idx),
-                                        _pick(exp_avg_sqs, idx), _pick(group_ids, idx))
-        if n:
-            adam_kernel[(n,)](table, chunks, hyper, **amp, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype],
-                              DECOUPLED=decoupled, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    """In-place Adam (decoupled=False) or AdamW update; exp_avgs/exp_avg_sqs fp32, params fp32/bf16/fp16."""
+    _launch_update(adam_kernel, hyper, scale, found_inf, params, grads, exp_avgs, exp_avg_sqs, group_ids,
+                   DECOUPLED=decoupled)
 
 
 def rmsprop_step(hyper: torch.Tensor, params, grads, square_avgs, momentum_buffers, group_ids, *,
                  has_momentum: bool, scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None) -> None:
-    """In-place RMSprop update (not centered); square_avgs (and momentum_buffers) fp32 like params."""
-    prepare(hyper, found_inf)
-    amp = _amp_args(hyper, scale, found_inf)
-    bufs = momentum_buffers if has_momentum else [None] * len(params)
-    for dtype, idx in _by_dtype(grads).items():
-        table, chunks, n = tensor_table(_pick(params, idx), _pick(grads, idx), _pick(square_avgs, idx),
-                                        _pick(bufs, idx), _pick(group_ids, idx))
-        if n:
-            rmsprop_kernel[(n,)](table, chunks, hyper, **amp, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype],
-                                 HAS_MOMENTUM=has_momentum, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    """In-place RMSprop update (not centered); square_avgs (and momentum_buffers) fp32."""
+    _launch_update(rmsprop_kernel, hyper, scale, found_inf, params, grads, square_avgs,
+                   momentum_buffers if has_momentum else None, group_ids, HAS_MOMENTUM=has_momentum)
 
 
 def adagrad_step(hyper: torch.Tensor, params, grads, state_sums, group_ids, *, scale: torch.Tensor | None = None,
                  found_inf: torch.Tensor | None = None) -> None:
-    """In-place Adagrad update; state_sums fp32 like params."""
-    prepare(hyper, found_inf)
-    amp = _amp_args(hyper, scale, found_inf)
-    for dtype, idx in _by_dtype(grads).items():
-        table, chunks, n = tensor_table(_pick(params, idx), _pick(grads, idx), _pick(state_sums, idx),
-                                        [None] * len(idx), _pick(group_ids, idx))
-        if n:
-            adagrad_kernel[(n,)](table, chunks, hyper, **amp, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype],
-                                 BLOCK=BLOCK, num_warps=NUM_WARPS)
+    """In-place Adagrad update; state_sums fp32."""
+    _launch_update(adagrad_kernel, hyper, scale, found_inf, params, grads, state_sums, None, group_ids)
 
 
 def lion_step(hyper: torch.Tensor, params, grads, exp_avgs, group_ids, *, scale: torch.Tensor | None = None,
               found_inf: torch.Tensor | None = None) -> None:
-    """In-place Lion update; exp_avgs fp32 like params."""
-    prepare(hyper, found_inf)
-    amp = _amp_args(hyper, scale, found_inf)
-    for dtype, idx in _by_dtype(grads).items():
-        table, chunks, n = tensor_table(_pick(params, idx), _pick(grads, idx), _pick(exp_avgs, idx),
-                                        [None] * len(idx), _pick(group_ids, idx))
-        if n:
-            lion_kernel[(n,)](table, chunks, hyper, **amp, HYPER_SLOTS=HYPER_SLOTS, DTYPE=_TL_DTYPES[dtype],
-                              BLOCK=BLOCK, num_warps=NUM_WARPS)
+    """In-place Lion update; exp_avgs fp32."""
+    _launch_update(lion_kernel, hyper, scale, found_inf, params, grads, exp_avgs, None, group_ids)
+
+
+def _grad_tables(grads) -> dict[torch.dtype, tuple[torch.Tensor, torch.Tensor, int, bool]]:
+    """tensor_table of the gradients alone, per dtype."""
+    return {dt: tensor_table([None] * len(idx), _pick(grads, idx), [None] * len(idx), [None] * len(idx), [0] * len(idx))
+            for dt, idx in _by_dtype(grads).items()}
 
 
 def amp_unscale_(scale: torch.Tensor, grads, found_inf: torch.Tensor, found_total: torch.Tensor, *,
@@ -453,12 +560,10 @@ def amp_unscale_(scale: torch.Tensor, grads, found_inf: torch.Tensor, found_tota
     The flags are only ever raised here (the caller zeroes found_inf first; found_total collects
     every optimizer's check until ``amp_update_scale_`` reads and clears it).
     """
-    for dt, idx in _by_dtype(grads).items():
-        table, chunks, n = tensor_table([None] * len(idx), _pick(grads, idx), [None] * len(idx), [None] * len(idx),
-                                        [0] * len(idx))
+    for dt, (table, chunks, n, aligned) in _grad_tables(grads).items():
         if n:
             amp_unscale_kernel[(n,)](table, chunks, scale, found_inf, found_total, DTYPE=_TL_DTYPES[dt], WRITE=write,
-                                     BLOCK=BLOCK, num_warps=NUM_WARPS)
+                                     ALIGNED=aligned, BLOCK=BLOCK, num_warps=NUM_WARPS)
 
 
 def amp_update_scale_(scale: torch.Tensor, growth_tracker: torch.Tensor, found_total: torch.Tensor, *,
@@ -470,23 +575,22 @@ def amp_update_scale_(scale: torch.Tensor, growth_tracker: torch.Tensor, found_t
 
 def clip_grad_norm_(norm_out: torch.Tensor, grads, max_norm: float, inf_norm: bool, eps: float = 1e-6) -> torch.Tensor:
     """Total norm of ``grads`` into norm_out (fp32, 1 element); grads scaled in place by min(max_norm/(norm+eps), 1)."""
-    groups = _by_dtype(grads)
-    tables = {dt: tensor_table([None] * len(idx), _pick(grads, idx), [None] * len(idx), [None] * len(idx),
-                               [0] * len(idx)) for dt, idx in groups.items()}
-    total = sum(n for _, _, n in tables.values())
+    tables = _grad_tables(grads)
+    total = sum(n for _, _, n, _ in tables.values())
     partial = torch.empty(max(total, 1), dtype=torch.float32, device=norm_out.device)
     if total == 0:
         partial.fill_(0.0)
     start = 0
-    for dt, (table, chunks, n) in tables.items():
+    for dt, (table, chunks, n, aligned) in tables.items():
         if n:
             grad_norm_partial_kernel[(n,)](table, chunks, partial[start:], DTYPE=_TL_DTYPES[dt], INF_NORM=inf_norm,
-                                           BLOCK=BLOCK, num_warps=NUM_WARPS)
+                                           ALIGNED=aligned, BLOCK=BLOCK, num_warps=NUM_WARPS)
         start += n
     coef = torch.empty(1, dtype=torch.float32, device=norm_out.device)
     grad_norm_finish_kernel[(1,)](partial, max(total, 1), norm_out, coef, float(max_norm), float(eps),
                                   INF_NORM=inf_norm, BLOCK=1024)
-    for dt, (table, chunks, n) in tables.items():
+    for dt, (table, chunks, n, aligned) in tables.items():
         if n:
-            scale_grads_kernel[(n,)](table, chunks, coef, DTYPE=_TL_DTYPES[dt], BLOCK=BLOCK, num_warps=NUM_WARPS)
+            scale_grads_kernel[(n,)](table, chunks, coef, DTYPE=_TL_DTYPES[dt], ALIGNED=aligned, BLOCK=BLOCK,
+                                     num_warps=NUM_WARPS)
     return norm_out
