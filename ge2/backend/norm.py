@@ -1,8 +1,13 @@
 """Normalisation ops: schemas and Triton implementations (kernels in ``ge2.kernels.norm``).
 
 ``layer_norm(x, weight=None, bias=None, *, normalized_shape, eps=1e-5) -> (y, mean, rstd)``
+``add_layer_norm(x, residual=None, weight=None, bias=None, *, normalized_shape, eps=1e-5, out_dtype=None)
+-> (s, y, mean, rstd)``: s = x + residual (x itself without one), y = layer_norm(s) in out_dtype (default s's)
 ``layer_norm_backward(gy, x, weight, mean, rstd, *, normalized_shape, need_x=True, need_weight=True,
 need_bias=True) -> (gx, dweight, dbias)``
+``add_layer_norm_backward(gs, gy, s, weight, mean, rstd, *, normalized_shape, residual_dtype=None, need_weight=True,
+need_bias=True) -> (g, g_residual, dweight, dbias)``: g = gs + layer_norm's gx (the gradient of x and of the
+residual); g_residual is g in residual_dtype when that differs from s's dtype, else None
 ``rms_norm(x, weight=None, *, normalized_shape, eps) -> (y, rstd)``
 ``rms_norm_backward(gy, x, weight, rstd, *, normalized_shape, need_x=True, need_weight=True) -> (gx, dweight)``
 
@@ -93,7 +98,27 @@ defop("layer_norm", Schema((X, W, B), _check_layer_norm))
 @register("layer_norm", "triton")
 def layer_norm(x, weight=None, bias=None, *, normalized_shape, eps=1e-5):
     n = _numel(_check_normalized("layer_norm", x, normalized_shape))
-    return K.row_norm_fwd(x, n, weight, bias, eps, rms=False)
+    return K.row_norm_fwd(x, n, weight, bias, eps, rms=False)[:3]
+
+
+def _check_add_layer_norm(op, x, residual=None, weight=None, bias=None, *, normalized_shape, eps=1e-5,
+                          out_dtype=None) -> None:
+    _check_layer_norm(op, x, weight, bias, normalized_shape=normalized_shape, eps=eps)
+    if residual is not None and tuple(residual.shape) != tuple(x.shape):
+        raise ValueError(f"{op}: residual has shape {shape_str(residual.shape)} but x has {shape_str(x.shape)} "
+                         f"(the fused add does not broadcast)")
+    if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{op}: out_dtype must be a float dtype, got {out_dtype}")
+
+
+defop("add_layer_norm", Schema((X, TensorArg("residual", FLOAT_DTYPES, optional=True), W, B), _check_add_layer_norm))
+
+
+@register("add_layer_norm", "triton")
+def add_layer_norm(x, residual=None, weight=None, bias=None, *, normalized_shape, eps=1e-5, out_dtype=None):
+    n = _numel(_check_normalized("add_layer_norm", x, normalized_shape))
+    y, mean, rstd, s = K.row_norm_fwd(x, n, weight, bias, eps, rms=False, out_dtype=out_dtype, residual=residual)
+    return s, y, mean, rstd
 
 
 defop("layer_norm_backward", Schema((TensorArg("gy", FLOAT_DTYPES), X, W, TensorArg("mean", STAT),
@@ -105,7 +130,30 @@ def layer_norm_backward(gy, x, weight, mean, rstd, *, normalized_shape, need_x=T
                         need_bias=True):
     n = _numel(_check_normalized("layer_norm_backward", x, normalized_shape))
     return K.row_norm_bwd(gy, x, n, weight, mean, rstd, rms=False, need_x=need_x,
-                          need_weight=need_weight and weight is not None, need_bias=need_bias)
+                          need_weight=need_weight and weight is not None, need_bias=need_bias)[:3]
+
+
+def _check_add_layer_norm_backward(op, gs, gy, s, weight, mean, rstd, *, normalized_shape, residual_dtype=None,
+                                   need_weight=True, need_bias=True) -> None:
+    _check_layer_norm_backward(op, gy, s, weight, mean, rstd, normalized_shape=normalized_shape)
+    if gs is not None and tuple(gs.shape) != tuple(s.shape):
+        raise ValueError(f"{op}: gs has shape {shape_str(gs.shape)} but s has {shape_str(s.shape)}")
+
+
+defop("add_layer_norm_backward", Schema((TensorArg("gs", FLOAT_DTYPES, optional=True), TensorArg("gy", FLOAT_DTYPES),
+                                         TensorArg("s", FLOAT_DTYPES), W, TensorArg("mean", STAT),
+                                         TensorArg("rstd", STAT)), _check_add_layer_norm_backward))
+
+
+@register("add_layer_norm_backward", "triton")
+def add_layer_norm_backward(gs, gy, s, weight, mean, rstd, *, normalized_shape, residual_dtype=None,
+                            need_weight=True, need_bias=True):
+    n = _numel(_check_normalized("add_layer_norm_backward", s, normalized_shape))
+    low = residual_dtype if residual_dtype not in (None, s.dtype) else None
+    g, dw, db, g_low = K.row_norm_bwd(gy, s, n, weight, mean, rstd, rms=False, need_x=True,
+                                      need_weight=need_weight and weight is not None, need_bias=need_bias, gs=gs,
+                                      low_dtype=low)
+    return g, g_low, dw, db
 
 
 def _check_rms_norm(op, x, weight=None, *, normalized_shape, eps) -> None:
@@ -120,7 +168,7 @@ defop("rms_norm", Schema((X, W), _check_rms_norm))
 @register("rms_norm", "triton")
 def rms_norm(x, weight=None, *, normalized_shape, eps):
     n = _numel(_check_normalized("rms_norm", x, normalized_shape))
-    y, _, rstd = K.row_norm_fwd(x, n, weight, None, eps, rms=True)
+    y, _, rstd, _ = K.row_norm_fwd(x, n, weight, None, eps, rms=True)
     return y, rstd
 
 
@@ -140,7 +188,7 @@ defop("rms_norm_backward", Schema((TensorArg("gy", FLOAT_DTYPES), X, W, TensorAr
 def rms_norm_backward(gy, x, weight, rstd, *, normalized_shape, need_x=True, need_weight=True):
     n = _numel(_check_normalized("rms_norm_backward", x, normalized_shape))
     mean = torch.zeros_like(rstd)  # rms_norm does not centre: the kernel's mean is 0
-    gx, dw, _ = K.row_norm_bwd(gy, x, n, weight, mean, rstd, rms=True, need_x=need_x,
+    gx, dw, _, _ = K.row_norm_bwd(gy, x, n, weight, mean, rstd, rms=True, need_x=need_x,
                                need_weight=need_weight and weight is not None, need_bias=False)
     return gx, dw
 

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ge2.kernels.elementwise import _float_arg, _float_bits
+from ge2.kernels.elementwise import _float_arg, _float_bits, binary
 from ge2.kernels.gemm import _sm_count, sum_partials
 from ge2.kernels.losses import partial_dtype
 from ge2.kernels.softmax import compute_dtype
@@ -156,11 +156,15 @@ def row_norm_bwd_kernel(
 @autotune([triton.Config({}, num_warps=w) for w in (1, 2, 4, 8, 16)], key=["N", "BLOCK_M", "BLOCK_N"], default=2)
 @triton.jit
 def row_norm_fwd_tile_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M, N, stride_xm, stride_xn, stride_ym, eps,
-    RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACC: tl.constexpr,
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, r_ptr, s_ptr, M, N, stride_xm, stride_xn, stride_ym,
+    stride_rm, stride_rn, eps,
+    RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_R: tl.constexpr, ACC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """BLOCK_M whole rows (N <= BLOCK_N) read once: mean and rstd (saved, in ACC), y = (x - mean) * rstd * w + b."""
+    """BLOCK_M whole rows (N <= BLOCK_N) read once: mean and rstd (saved, in ACC), y = (x - mean) * rstd * w + b.
+
+    HAS_R: the rows normalised are s = x + r, written to s (contiguous rows) in s's dtype, as a residual
+    add before a pre-LN block's norm would write them."""
     eps = _float_arg(eps, ACC)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -168,6 +172,11 @@ def row_norm_fwd_tile_kernel(
     m = row_ok[:, None] & (cols[None, :] < N)
     rows64 = rows.to(tl.int64)
     x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :] * stride_xn, mask=m, other=0.0).to(ACC)
+    if HAS_R:
+        r = tl.load(r_ptr + rows64[:, None] * stride_rm + cols[None, :] * stride_rn, mask=m, other=0.0).to(ACC)
+        s = (x + r).to(s_ptr.dtype.element_ty)  # the sum rounded to s's dtype is what is normalised
+        tl.store(s_ptr + rows64[:, None] * N + cols[None, :], s, mask=m)
+        x = s.to(ACC)
     if RMS:
         mean = tl.zeros([BLOCK_M], ACC)
         d = x
@@ -189,13 +198,16 @@ def row_norm_fwd_tile_kernel(
           default=2)
 @triton.jit
 def row_norm_bwd_tile_kernel(
-    gy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, gx_ptr, part_ptr, M, N, stride_gm, stride_gn, stride_xm, stride_xn,
-    stride_gxm, part_width, db_offset,
+    gy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, gx_ptr, part_ptr, gs_ptr, gl_ptr, M, N, stride_gm, stride_gn,
+    stride_xm, stride_xn, stride_gxm, part_width, db_offset, stride_gsm, stride_gsn,
     RMS: tl.constexpr, HAS_W: tl.constexpr, NEED_X: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr,
-    ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_GS: tl.constexpr, HAS_GL: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Persistent: gx for every G-th tile of BLOCK_M whole rows (N <= BLOCK_N), each read once; the program's
-    sums of gy * xhat (dw) and gy (db) stay in registers and end as row program_id of part: [dw | db]."""
+    sums of gy * xhat (dw) and gy (db) stay in registers and end as row program_id of part: [dw | db].
+
+    HAS_GS: gx also gets gs added (the gradient of a residual sum that the norm read besides its own);
+    HAS_GL: that gx is written a second time, contiguous, in gl's (lower) dtype for the residual branch."""
     pid = tl.program_id(0)
     rows0 = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -228,7 +240,13 @@ def row_norm_bwd_tile_kernel(
             else:
                 mean_g = tl.sum(g, axis=1) / N
                 gx = rstd[:, None] * (g - mean_g[:, None] - xhat * mean_gx[:, None])
+            if HAS_GS:
+                gs = tl.load(gs_ptr + rows64[:, None] * stride_gsm + cols[None, :] * stride_gsn, mask=m, other=0.0)
+                gx = gx.to(gx_ptr.dtype.element_ty).to(ACC) + gs.to(ACC)  # as the separate add would round
             tl.store(gx_ptr + rows64[:, None] * stride_gxm + cols[None, :], gx.to(gx_ptr.dtype.element_ty), mask=m)
+            if HAS_GL:
+                tl.store(gl_ptr + rows64[:, None] * N + cols[None, :],
+                         gx.to(gx_ptr.dtype.element_ty).to(gl_ptr.dtype.element_ty), mask=m)
         if NEED_W:
             acc_dw += gy * xhat
         if NEED_B:
@@ -255,35 +273,59 @@ def _tile_m(m: int, block_n: int) -> int:
 
 
 def row_norm_fwd(x: torch.Tensor, n: int, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
-                 rms: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(y like x, mean [M], rstd [M]) normalising each row of the last ``n`` elements (stats fp32; fp64 for fp64 x)."""
+                 rms: bool, out_dtype: torch.dtype | None = None,
+                 residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y [x's shape] in out_dtype (default x's), mean [M], rstd [M], s) normalising each row of the last ``n``
+    elements of s = x + residual (s is x itself without a residual; stats fp32, fp64 for fp64 x).
+
+    With a residual (x's shape), s is a new contiguous tensor in the promoted dtype; rows of up to
+    MAX_BLOCK_N elements get it from the norm's own pass, longer rows from an add first."""
+    if residual is not None and n > MAX_BLOCK_N:
+        s = binary("add", x, residual)
+        return (*row_norm_fwd(s, n, weight, bias, eps, rms, out_dtype)[:3], s)
+    s = x if residual is None else torch.empty(x.shape, dtype=torch.promote_types(x.dtype, residual.dtype),
+                                               device=x.device)
     x2 = _rows(x, n)
+    r2 = _rows(residual, n) if residual is not None else x2
     M = x2.shape[0]
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    mean = torch.empty(M, dtype=partial_dtype(x.dtype), device=x.device)
-    rstd = torch.empty(M, dtype=partial_dtype(x.dtype), device=x.device)
+    y = torch.empty(x.shape, dtype=out_dtype or s.dtype, device=x.device)
+    mean = torch.empty(M, dtype=partial_dtype(s.dtype), device=x.device)
+    rstd = torch.empty(M, dtype=partial_dtype(s.dtype), device=x.device)
     if M == 0:
-        return y, mean, rstd
+        return y, mean, rstd, s
     w = weight.reshape(-1) if weight is not None else None
     b = bias.reshape(-1) if bias is not None else None
     args = (x2, w if w is not None else x2, b if b is not None else x2, y, mean, rstd)
-    flags = dict(RMS=rms, HAS_W=w is not None, HAS_B=b is not None, ACC=compute_dtype(x.dtype))
+    flags = dict(RMS=rms, HAS_W=w is not None, HAS_B=b is not None, ACC=compute_dtype(s.dtype))
     block_n = _block_n(n)
     if n <= MAX_BLOCK_N:
         block_m = _tile_m(M, block_n)
         row_norm_fwd_tile_kernel[(cdiv(M, block_m),)](
-            *args, M, n, x2.stride(0), x2.stride(1), n, _float_bits(eps), **flags, BLOCK_M=block_m, BLOCK_N=block_n)
+            *args, r2, s, M, n, x2.stride(0), x2.stride(1), n, r2.stride(0), r2.stride(1), _float_bits(eps), **flags,
+            HAS_R=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n)
     else:
         row_norm_fwd_kernel[(M,)](*args, n, x2.stride(0), x2.stride(1), n, _float_bits(eps), **flags, BLOCK_N=block_n)
-    return y, mean, rstd
+    return y, mean, rstd, s
 
 
 def row_norm_bwd(gy: torch.Tensor, x: torch.Tensor, n: int, weight: torch.Tensor | None, mean: torch.Tensor,
-                 rstd: torch.Tensor, *, rms: bool, need_x: bool, need_weight: bool, need_bias: bool):
-    """(gx | None, dw | None, db | None) of a row norm; dw/db shaped like the normalized dims."""
+                 rstd: torch.Tensor, *, rms: bool, need_x: bool, need_weight: bool, need_bias: bool,
+                 gs: torch.Tensor | None = None, low_dtype: torch.dtype | None = None):
+    """(gx | None, dw | None, db | None, gx_low | None) of a row norm; dw/db shaped like the normalized dims.
+
+    ``gs`` (x's shape): a gradient added to gx (x was also used besides the norm: a residual stream);
+    ``low_dtype``: gx_low is gx in that dtype too (the residual branch's gradient)."""
+    if n > MAX_BLOCK_N and (gs is not None or low_dtype is not None):  # long rows: the add and cast run after
+        gx, dw, db, _ = row_norm_bwd(gy, x, n, weight, mean, rstd, rms=rms, need_x=True, need_weight=need_weight,
+                                     need_bias=need_bias)
+        gx = binary("add", gx, gs) if gs is not None else gx
+        return gx, dw, db, (gx.to(low_dtype) if low_dtype is not None else None)
     x2, gy2 = _rows(x, n), _rows(gy, n)
     M = x2.shape[0]
+    need_x = need_x or gs is not None or low_dtype is not None
     gx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if need_x else None
+    gx_low = torch.empty(x.shape, dtype=low_dtype, device=x.device) if low_dtype is not None else None
+    gs2 = _rows(gs, n) if gs is not None else x2
     w = weight.reshape(-1) if weight is not None else None
     width = n * (need_weight + need_bias)  # a partial row: [dw | db], either may be absent
     block_n = _block_n(n)
@@ -302,8 +344,9 @@ def row_norm_bwd(gy: torch.Tensor, x: torch.Tensor, n: int, weight: torch.Tensor
         strides = (gy2.stride(0), gy2.stride(1), x2.stride(0), x2.stride(1), n)
         if tiled:
             row_norm_bwd_tile_kernel[(programs,)](
-                *args, part if part is not None else mean, M, n, *strides, width, n * need_weight, **flags,
-                BLOCK_M=block_m)
+                *args, part if part is not None else mean, gs2, gx_low if gx_low is not None else x2, M, n, *strides,
+                width, n * need_weight, gs2.stride(0), gs2.stride(1), **flags, HAS_GS=gs is not None,
+                HAS_GL=gx_low is not None, BLOCK_M=block_m)
         else:
             row_norm_bwd_kernel[(programs,)](
                 *args, part if part is not None else mean, M, n, *strides, width, n * need_weight, **flags,
@@ -317,7 +360,7 @@ def row_norm_bwd(gy: torch.Tensor, x: torch.Tensor, n: int, weight: torch.Tensor
         sum_partials(part, sums)
     dw = sums[:n].reshape(shape) if need_weight else None
     db = sums[n * need_weight:].reshape(shape) if need_bias else None
-    return gx, dw, db
+    return gx, dw, db, gx_low
 
 
 # ---------------------------------------------------------------------------------------------

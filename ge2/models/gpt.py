@@ -24,6 +24,7 @@ import math
 import torch
 
 from ge2 import runtime
+from ge2.amp.autocast_mode import get_autocast_dtype
 from ge2.autograd.attention import scaled_dot_product_attention
 from ge2.autograd.grad_mode import no_grad
 from ge2.autograd.math import unbind
@@ -179,14 +180,25 @@ class GPT(Module):
             raise ValueError(f"{OP}: {name} must be [B, T] with T >= 1, got {shape_str(idx.shape)}")
 
     def _hidden(self, idx: Tensor, caches: list[KVCache] | None = None, pos: int = 0) -> Tensor:
-        """The last block's output [B, T, C] for tokens at positions pos..pos+T."""
+        """ln_f of the last block's output [B, T, C] for tokens at positions pos..pos+T (in the autocast dtype
+        under autocast: what the head's GEMM reads).
+
+        Each block is x + attn(ln_1(x)), then + mlp(ln_2(x)); every residual add runs fused with the norm
+        after it (``LayerNorm.add_forward``), so the residual stream is read and written once per add and
+        the norm writes the low-precision copy the next GEMM reads, with no cast between them.
+        """
         T = idx.shape[1]
         tr = self.transformer
         # position embeddings as a slice of the table (a view; its gradient is summed over the batch)
         x = tr["drop"](tr["wte"](idx) + tr["wpe"].weight[pos:pos + T])
-        for i, block in enumerate(tr["h"]):
-            x = block(x, caches[i] if caches is not None else None, pos)
-        return x
+        low = get_autocast_dtype(x.device.type)  # None outside autocast
+        blocks = list(tr["h"])
+        next_norms = [b.ln_1 for b in blocks[1:]] + [tr["ln_f"]]
+        x, h = blocks[0].ln_1.add_forward(x, None, low)
+        for i, block in enumerate(blocks):
+            x, h = block.ln_2.add_forward(x, block.attn(h, caches[i] if caches is not None else None, pos), low)
+            x, h = next_norms[i].add_forward(x, block.mlp(h), low)
+        return h
 
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
         """idx [B, T] -> (logits [B, T, V], None) without targets; (None, loss) with targets [B, T].
@@ -200,7 +212,7 @@ class GPT(Module):
         if T > self.block_size:
             raise ValueError(f"{OP}: idx has {T} tokens per sequence but block_size is {self.block_size} "
                              f"(idx {shape_str(idx.shape)}); crop it to the last {self.block_size}")
-        x = self.transformer["ln_f"](self._hidden(idx))
+        x = self._hidden(idx)
         if targets is None:
             return self.lm_head(x), None
         if not isinstance(targets, Tensor) or tuple(targets.shape) != (B, T):
@@ -211,9 +223,8 @@ class GPT(Module):
         return None, loss
 
     def _last_logits(self, idx: Tensor, caches: list[KVCache] | None = None, pos: int = 0) -> Tensor:
-        """Logits [B, V] of the last position only (ln_f and the head on one row per sequence)."""
-        h = self._hidden(idx, caches, pos)
-        return self.lm_head(self.transformer["ln_f"](h[:, -1]))
+        """Logits [B, V] of the last position only (the head on one row per sequence)."""
+        return self.lm_head(self._hidden(idx, caches, pos)[:, -1])
 
     def sample_next(self, logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
                     rng_state: torch.Tensor | None = None) -> Tensor:

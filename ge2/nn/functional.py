@@ -9,7 +9,7 @@ from ge2.autograd.softmax import (  # noqa: F401
     softmax,
 )
 from ge2.autograd.linear import linear  # noqa: F401,E402
-from ge2.autograd.norm import batch_norm, layer_norm, rms_norm  # noqa: F401,E402
+from ge2.autograd.norm import add_layer_norm, batch_norm, layer_norm, rms_norm  # noqa: F401,E402
 from ge2.autograd.dropout import dropout  # noqa: F401,E402
 from ge2.autograd.embedding import embedding  # noqa: F401,E402
 from ge2.autograd.indexing import one_hot  # noqa: F401,E402

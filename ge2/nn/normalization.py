@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ge2 import runtime
-from ge2.autograd.norm import batch_norm, layer_norm, rms_norm
+from ge2.autograd.norm import add_layer_norm, batch_norm, layer_norm, rms_norm
 from ge2.autograd.tensor import Tensor
 from ge2.backend.schema import shape_str
 from ge2.nn.module import Module
@@ -89,6 +89,11 @@ class LayerNorm(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def add_forward(self, x: Tensor, residual: Tensor | None,
+                    out_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+        """(s, self(s)) with s = x + residual, from one kernel (``F.add_layer_norm``; out_dtype as there)."""
+        return add_layer_norm(x, residual, self.normalized_shape, self.weight, self.bias, self.eps, out_dtype)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"

@@ -34,6 +34,13 @@ def layer_norm(x, weight=None, bias=None, *, normalized_shape, eps=1e-5):
     return y.to(x.dtype).reshape(x.shape), mean, rstd
 
 
+@register("add_layer_norm", "torch")
+def add_layer_norm(x, residual=None, weight=None, bias=None, *, normalized_shape, eps=1e-5, out_dtype=None):
+    s = x if residual is None else x + residual
+    y, mean, rstd = layer_norm(s, weight, bias, normalized_shape=normalized_shape, eps=eps)
+    return s, y.to(out_dtype or s.dtype), mean, rstd
+
+
 def _row_norm_backward(gy, x, weight, mean, rstd, normalized_shape, rms, need_x, need_weight, need_bias):
     x2, n = _rows(x, normalized_shape)
     g2 = gy.reshape(-1, n).to(x2.dtype)
@@ -53,6 +60,14 @@ def _row_norm_backward(gy, x, weight, mean, rstd, normalized_shape, rms, need_x,
 @register("layer_norm_backward", "torch")
 def layer_norm_backward(gy, x, weight, mean, rstd, *, normalized_shape, need_x=True, need_weight=True, need_bias=True):
     return _row_norm_backward(gy, x, weight, mean, rstd, normalized_shape, False, need_x, need_weight, need_bias)
+
+
+@register("add_layer_norm_backward", "torch")
+def add_layer_norm_backward(gs, gy, s, weight, mean, rstd, *, normalized_shape, residual_dtype=None, need_weight=True,
+                            need_bias=True):
+    g, dw, db = _row_norm_backward(gy, s, weight, mean, rstd, normalized_shape, False, True, need_weight, need_bias)
+    g = g + gs if gs is not None else g
+    return g, (g.to(residual_dtype) if residual_dtype not in (None, s.dtype) else None), dw, db
 
 
 @register("rms_norm", "torch")
