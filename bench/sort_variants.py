@@ -24,30 +24,32 @@ def _time(fn) -> float:
 
 def main() -> None:
     shapes = ((256, 32768), (64, 131072))
-    defaults = (SO.TILE, SO.MERGE_BLOCK, SO.SELECT_MIN_K)
+    defaults = (SO.TILE, SO.MERGE_BLOCK, SO.MERGE_PATH, SO.SELECT_MIN_K, SO.SELECT_ATOMIC_PASSES)
     for m, n in shapes:
         x = torch.randn(m, n, device="cuda")
         ref = torch.sort(x, -1)
         t_torch = _time(lambda: torch.sort(x, -1))
-        for tile, block in ((1024, 1024), (2048, 1024), (2048, 2048), (4096, 2048)):
-            SO.TILE, SO.MERGE_BLOCK = tile, block
+        for tile, block, path, warps in ((1024, 1024, True, 0), (1024, 1024, False, 0), (1024, 1024, True, 4),
+                                         (512, 1024, True, 0), (512, 1024, True, 4), (256, 1024, True, 0)):
+            SO.TILE, SO.MERGE_BLOCK, SO.MERGE_PATH, SO.TILE_WARPS = tile, block, path, warps
             values, indices = SO.sort(x, dim=-1)
             ok = torch.equal(values, ref.values) and torch.equal(indices, ref.indices)
             ms = _time(lambda: SO.sort(x, dim=-1))
-            print(f"sort {m}x{n} TILE {tile} MERGE_BLOCK {block}: {ms:.4f} ms, torch {t_torch:.4f} "
-                  f"ratio {t_torch / ms:.2f} ok {ok}", flush=True)
-        SO.TILE, SO.MERGE_BLOCK = defaults[:2]
+            print(f"sort {m}x{n} TILE {tile} warps {warps or 'auto'} MERGE_BLOCK {block} merge {'path' if path else 'search'}: {ms:.4f} ms, "
+                  f"torch {t_torch:.4f} ratio {t_torch / ms:.2f} ok {ok}", flush=True)
+        SO.TILE, SO.MERGE_BLOCK, SO.MERGE_PATH, SO.TILE_WARPS = *defaults[:3], 0
         for k in (8, 50, 1024):
             t_ref = torch.topk(x, k)
             t_torch = _time(lambda: torch.topk(x, k))
-            for label, min_k in (("select", 1), ("capped merges", 10**9)):
-                SO.SELECT_MIN_K = min_k
+            for label, min_k, atomic in (("select", 1, True), ("select, tl.histogram passes", 1, False),
+                                         ("capped merges", 10**9, True)):
+                SO.SELECT_MIN_K, SO.SELECT_ATOMIC_PASSES = min_k, atomic
                 values, _ = SO.topk(x, k)
                 ok = torch.equal(values, t_ref.values)
                 ms = _time(lambda: SO.topk(x, k))
                 print(f"topk {m}x{n} k={k} {label}: {ms:.4f} ms, torch {t_torch:.4f} ratio {t_torch / ms:.2f} ok {ok}",
                       flush=True)
-            SO.SELECT_MIN_K = defaults[2]
+            SO.SELECT_MIN_K, SO.SELECT_ATOMIC_PASSES = defaults[3:]
 
 
 if __name__ == "__main__":

@@ -165,6 +165,8 @@ def test_sort_merge_path(monkeypatch):
     x[0, 30] = x[1, 3] = math.nan
     check_sort(x, 1)
     check_sort(x.to(torch.bfloat16).T, 0, descending=True)
+    for k in (1, 5):  # capped merges (runs of k): blocks of 2 and 8
+        check_topk(x, k)
 
 
 def test_topk_radix_select(monkeypatch):

@@ -54,6 +54,12 @@ MERGE_BLOCK = 1024  # outputs per program of the merge-path merge of packed keys
 # tile): 8-bit digit histograms find the k-th key, the k selected are then sorted in one tl.sort.
 SELECT_MIN_K, SELECT_MAX_K = 8, 4096
 SELECT_BLOCK = 4096  # elements per program of the select passes
+# Pass 0 counts every element (tl.histogram: per-program counts, 256 atomics); later passes count
+# only the few elements under the prefix, by masked atomics (tl.histogram's cost does not shrink
+# with its mask). MERGE_PATH: merge packed runs by merge path (else the per-element binary search).
+SELECT_ATOMIC_PASSES = True
+MERGE_PATH = True
+TILE_WARPS = 0  # warps of the tile pass; 0: 8 for tiles of 512+ elements, else 4
 _INT64_MAX = tl.constexpr(2**63 - 1)
 _WIDE_KEYS = (torch.float64, torch.int64)
 # tl.sort for 32-bit keys. The interpreter runs its compare-and-swap network element by element
@@ -241,7 +247,7 @@ def sorted_rows(x2: torch.Tensor, descending: bool, cap: int | None = None) -> t
     index = keys if packed else torch.empty((M, L), dtype=torch.int32, device=x2.device)
     # Short rows share a program (ROWS of them) so that a program sorts about TILE elements.
     rows = min((TILE // tile) if packed else (RANK_TILE**2 // tile**2), triton.next_power_of_2(M))
-    common = dict(DESCENDING=bool(descending), ROWS=rows, TILE=tile, CAP=kept, num_warps=8 if tile * rows >= 512 else 4)
+    common = dict(DESCENDING=bool(descending), ROWS=rows, TILE=tile, CAP=kept, num_warps=TILE_WARPS or (8 if tile * rows >= 512 else 4))
     grid = (cdiv(M, rows), cdiv(N, tile))  # rows on axis 0: it takes 2**31 - 1 programs, axis 1 65535
     if packed:
         _tile_sort_kernel[grid](x2, keys, index, M, N, L, x2.stride(0), x2.stride(1),
@@ -254,8 +260,8 @@ def sorted_rows(x2: torch.Tensor, descending: bool, cap: int | None = None) -> t
         L_out = _run_lengths(L, 2 * run, run_out)
         keys2 = torch.empty((M, L_out), dtype=torch.int64, device=x2.device)
         index2 = keys2 if packed else torch.empty((M, L_out), dtype=torch.int32, device=x2.device)
-        if packed:
-            block = min(MERGE_BLOCK, triton.next_power_of_2(run_out))
+        if packed and MERGE_PATH:
+            block = min(MERGE_BLOCK, max(2, triton.next_power_of_2(run_out)))  # bitonic_merge needs 2+
             per_pair = cdiv(run_out, block)
             per_row = cdiv(L, 2 * run) * per_pair
             _merge_path_kernel[(M * per_row,)](keys, keys2, L, L_out, run, run_out, per_pair, per_row,
@@ -303,7 +309,7 @@ def _select_state(hist_ptr, row, M, k, PASSES: tl.constexpr):
 
 @triton.jit
 def _select_hist_kernel(x_ptr, hist_ptr, M, N, k, stride_xm, stride_xn, DESCENDING: tl.constexpr,
-                        IB: tl.constexpr, PASS: tl.constexpr, BLOCK: tl.constexpr):
+                        IB: tl.constexpr, PASS: tl.constexpr, ATOMIC: tl.constexpr, BLOCK: tl.constexpr):
     """hist[PASS, m] += histogram of digit PASS (8 bits from the top) of the row's prefix-matching elements."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -313,8 +319,12 @@ def _select_hist_kernel(x_ptr, hist_ptr, M, N, k, stride_xm, stride_xn, DESCENDI
     c = _combined_key(x, cols.to(tl.int64), DESCENDING, IB)
     TOP: tl.constexpr = 32 + IB - 8 * PASS
     match = live & ((c >> TOP) == prefix)
-    h = tl.histogram(((c >> (TOP - 8)) & 255).to(tl.int32), 256, mask=match)
-    tl.atomic_add(hist_ptr + (PASS * M + row) * 256 + tl.arange(0, 256), h, mask=h > 0)
+    digit = ((c >> (TOP - 8)) & 255).to(tl.int32)
+    if ATOMIC:
+        tl.atomic_add(hist_ptr + (PASS * M + row) * 256 + digit, tl.full(digit.shape, 1, tl.int32), mask=match)
+    else:
+        h = tl.histogram(digit, 256, mask=match)
+        tl.atomic_add(hist_ptr + (PASS * M + row) * 256 + tl.arange(0, 256), h, mask=h > 0)
 
 
 @triton.jit
@@ -360,7 +370,7 @@ def select_rows(x2: torch.Tensor, descending: bool, k: int) -> torch.Tensor:
     args = (M, N, k, x2.stride(0), x2.stride(1))
     for p in range(passes):
         _select_hist_kernel[grid](x2, hist, *args, DESCENDING=bool(descending), IB=ib, PASS=p,
-                                  BLOCK=SELECT_BLOCK, num_warps=8)
+                                  ATOMIC=p > 0 and SELECT_ATOMIC_PASSES, BLOCK=SELECT_BLOCK, num_warps=8)
     _select_take_kernel[grid](x2, hist, count, order, *args, DESCENDING=bool(descending), IB=ib, PASSES=passes,
                               BLOCK=SELECT_BLOCK, num_warps=8)
     kp = triton.next_power_of_2(k)
