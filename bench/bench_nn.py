@@ -8,15 +8,28 @@
   fused=True. All are memory-bound: AdamW reads p, g, m, v and writes p, m, v (28 bytes a
   parameter), so the TB/s column is the figure of merit (H100: ~3 TB/s copy).
 * clip_grad_norm_ over the same gradients (norm + scale: 12 bytes a parameter) vs torch (foreach).
-* layer_norm / rms_norm forward and layer_norm backward at [8192, 4096] fp32 and bf16.
+* the same two steps over the char GPT's parameter list (6 blocks, d = 384: 10.7M parameters in 39
+  tensors, nanoGPT's two weight-decay groups), timed as CUDA-graph replays (the GPT step is captured;
+  eager, both sides would time their host code), torch with fused=True, capturable=True.
+* layer_norm / rms_norm forward and layer_norm backward at [8192, 4096] fp32 and bf16, and the GPT's
+  rows (bf16 [16384, 384] and [8192, 768], CUDA-graph replays). Byte floor of layer_norm backward:
+  read x and gy, write gx (3 * M * N elements) plus 8 bytes a row of mean/rstd; [8192, 4096] bf16 is
+  201 MB, 67 us at 3 TB/s.
 * batch_norm (training) forward at [64, 256, 28, 28] fp32 vs cuDNN: ge2 reduces each channel in one
   program, so 256 programs for 132 SMs (expected well below torch; see docs/nn.md).
 * dropout forward at [8192, 8192] (Philox in the kernel; torch draws a mask with its Philox too).
 * embedding forward (gather) and backward (scatter-add) at V=50304, D=1024, 16384 indices.
+
+    PYTHONPATH=. python3 bench/bench_nn.py --only optim norm        # some groups of rows
+    PYTHONPATH=. python3 bench/bench_nn.py --sweep [--baseline DIR]  # launch settings of the fused optimizers
+        # and the norm tiles side by side (bench/results/nn_sweep.json); DIR holds another checkout's
+        # norm.py and optim.py, timed in the same process as "before"
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 
 import torch
 import torch.nn.functional as TF
@@ -24,12 +37,16 @@ import torch.nn.functional as TF
 import ge2
 from ge2.backend import call
 
-PREDICTION = ("memory-bound kernels: expect ge2 AdamW ~= torch fused (one pass, fp32 state), > foreach; "
-              "norms/dropout/embedding near torch; batch_norm below cuDNN (one program per channel)")
+PREDICTION = ("memory-bound kernels: expect ge2 AdamW/SGD >= torch fused (chunked sweeps, 16-byte accesses, "
+              "~2.8 TB/s), > foreach; layer_norm bwd near its byte floor (x, gy read once, dw/db summed in "
+              "registers), >= torch; norms/dropout/embedding near torch; batch_norm below cuDNN (one program "
+              "per channel)")
 
 
 class Smoke:
     """Stands in for bench.harness.Bench: calls every function once, times nothing."""
+
+    cuda_graph = False
 
     def add(self, labels, *, flops=None, **fns):
         for name, fn in fns.items():
@@ -84,6 +101,36 @@ def optimizer_cases(bench, blocks: int, d: int, device) -> None:
     _tbps(row, numel * 12)
 
 
+def _gpt_optimizer_cases(bench, device, small: bool) -> None:
+    """AdamW (nanoGPT's decay groups) and SGD-momentum over the char GPT's parameters, as CUDA-graph replays."""
+    from ge2.models.gpt import GPT
+
+    d, layers = (16, 2) if small else (384, 6)
+    model = GPT(vocab_size=65, block_size=256, n_layer=layers, n_head=2, n_embd=d, dropout=0.0, bias=False,
+                device=device)
+    gp = list(model.parameters())
+    numel = sum(p.numel() for p in gp)
+    tp = [p.data.clone().requires_grad_() for p in gp]
+    for g, t in zip(gp, tp):
+        g.grad = ge2.from_torch(torch.randn(g.shape, device=device))
+        t.grad = g.grad.data.clone()
+    t_groups = [{"params": [t for t in tp if t.ndim >= 2], "weight_decay": 0.1},
+                {"params": [t for t in tp if t.ndim < 2], "weight_decay": 0.0}]
+    extra = dict(fused=True, capturable=True) if device.type == "cuda" else {}
+    graph, bench.cuda_graph = bench.cuda_graph, device.type == "cuda"
+    for name, g_opt, t_opt, bytes_per in (
+        ("adamw", model.configure_optimizer(6e-4), torch.optim.AdamW(t_groups, lr=6e-4, betas=(0.9, 0.95), **extra),
+         28),
+        ("sgd_momentum", ge2.optim.SGD(gp, lr=1e-2, momentum=0.9), torch.optim.SGD(tp, lr=1e-2, momentum=0.9, **(
+            dict(fused=True) if device.type == "cuda" else {})), 20),
+    ):
+        row = bench.add({"case": f"{name} step, char GPT params", "params": numel, "tensors": len(gp),
+                         "timing": "cuda graph" if bench.cuda_graph else "eager"},
+                        ge2=g_opt.step, torch_fused=t_opt.step)
+        _tbps(row, numel * bytes_per)
+    bench.cuda_graph = graph
+
+
 def _tbps(row, nbytes: int) -> None:
     if not isinstance(row, dict):
         return
@@ -92,23 +139,26 @@ def _tbps(row, nbytes: int) -> None:
             row[key[:-3] + "_tbps"] = nbytes / row[key] / 1e9
 
 
-def norm_cases(bench, M: int, N: int, device) -> None:
-    for dtype in (torch.float32, torch.bfloat16):
+def norm_cases(bench, M: int, N: int, device, dtypes=(torch.float32, torch.bfloat16), rms: bool = True) -> None:
+    for dtype in dtypes:
         x = torch.randn(M, N, device=device, dtype=dtype)
         w, b = torch.randn(N, device=device, dtype=dtype), torch.randn(N, device=device, dtype=dtype)
         gy = torch.randn_like(x)
         _, mean, rstd = call("layer_norm", x, w, b, normalized_shape=(N,), eps=1e-5)
-        tx = x.clone().requires_grad_()
-        ty = TF.layer_norm(tx, (N,), w, b)
-        label = {"shape": f"{M}x{N}", "dtype": str(dtype).replace("torch.", "")}
+        tx, tw, tb = x.clone().requires_grad_(), w.clone().requires_grad_(), b.clone().requires_grad_()
+        ty = TF.layer_norm(tx, (N,), tw, tb)
+        label = {"shape": f"{M}x{N}", "dtype": str(dtype).replace("torch.", ""),
+                 "timing": "cuda graph" if getattr(bench, "cuda_graph", False) else "eager"}
         row = bench.add({"case": "layer_norm fwd", **label},
                         ge2=lambda: call("layer_norm", x, w, b, normalized_shape=(N,), eps=1e-5),
                         torch=lambda: TF.layer_norm(x, (N,), w, b))
         _tbps(row, 2 * x.numel() * x.element_size())
         row = bench.add({"case": "layer_norm bwd", **label},
                         ge2=lambda: call("layer_norm_backward", gy, x, w, mean, rstd, normalized_shape=(N,)),
-                        torch=lambda: torch.autograd.grad(ty, (tx,), gy, retain_graph=True))
+                        torch=lambda: torch.autograd.grad(ty, (tx, tw, tb), gy, retain_graph=True))
         _tbps(row, 3 * x.numel() * x.element_size())
+        if not rms:
+            continue
         row = bench.add({"case": "rms_norm fwd", **label},
                         ge2=lambda: call("rms_norm", x, w, normalized_shape=(N,), eps=1e-6),
                         torch=lambda: TF.rms_norm(x, (N,), w, 1e-6))
@@ -145,11 +195,123 @@ def other_cases(bench, device, small: bool) -> None:
               torch=lambda: torch.autograd.grad(ty, (tt,), gy, retain_graph=True))
 
 
+def _load(path: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def sweep(device, baseline: str | None, small: bool) -> None:
+    """Time the fused optimizers and layer_norm backward under each launch setting (and the baseline's kernels)."""
+    from bench.harness import Bench
+    from ge2.kernels import norm as KN
+    from ge2.kernels import optim as KO
+
+    bench = Smoke() if small else Bench("nn_sweep", rep_ms=50)
+    old_o = _load(os.path.join(baseline, "optim.py"), "optim_before") if baseline else None
+    old_n = _load(os.path.join(baseline, "norm.py"), "norm_before") if baseline else None
+    for label, shapes in ((("tiny", _gpt2_shapes(1, 32)),) if small else
+                          (("85M", _gpt2_shapes(12, 768)), ("char GPT", _gpt2_shapes(6, 384)))):
+        params = [torch.randn(s, device=device) for s in shapes]
+        grads = [torch.randn(s, device=device) for s in shapes]
+        ms, vs = [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
+        numel = sum(p.numel() for p in params)
+        hyper = ge2.optim.AdamW([ge2.nn.Parameter(params[0])], lr=1e-3)._sync_hyper()
+        groups = [0] * len(params)
+
+        def adam(mod):
+            return lambda: mod.adam_step(hyper, params, grads, ms, vs, groups, decoupled=True)
+
+        def sgd(mod):
+            return lambda: mod.sgd_step(hyper, params, grads, ms, groups, has_momentum=True, nesterov=False)
+
+        for case, fn, nbytes in (("adamw", adam, 28), ("sgd_momentum", sgd, 20)):
+            if old_o is not None:
+                _tbps(bench.add({"case": f"{case} {label}", "variant": "before"}, ge2=fn(old_o)), numel * nbytes)
+            for block, warps in ((1024, 4),) if small else ((1024, 4), (2048, 4), (2048, 8), (4096, 8)):
+                for chunk in (16384, 65536):
+                    for per_sm in (4, 8, 16):
+                        KO.BLOCK, KO.NUM_WARPS, KO.MAX_CHUNK, KO.PROGRAMS_PER_SM = block, warps, chunk, per_sm
+                        _tbps(bench.add({"case": f"{case} {label}", "variant": f"block {block} warps {warps} chunk "
+                                         f"{chunk} per_sm {per_sm}"}, ge2=fn(KO)), numel * nbytes)
+        KO.BLOCK, KO.NUM_WARPS, KO.MAX_CHUNK, KO.PROGRAMS_PER_SM = 1024, 4, 65536, 8
+    for M, N in ((20, 40),) if small else ((8192, 4096), (16384, 384), (8192, 768)):
+        x = torch.randn(M, N, device=device, dtype=torch.bfloat16)
+        w = torch.randn(N, device=device, dtype=torch.bfloat16)
+        gy = torch.randn_like(x)
+        _, mean, rstd = call("layer_norm", x, w, w, normalized_shape=(N,), eps=1e-5)
+        case = {"case": f"layer_norm bwd {M}x{N} bf16"}
+        nbytes = 3 * x.numel() * 2
+        bench.cuda_graph = True
+        if old_n is not None:
+            _tbps(bench.add({**case, "variant": "before"}, ge2=lambda: old_n.row_norm_bwd(
+                gy, x, N, w, mean, rstd, rms=False, need_x=True, need_weight=True, need_bias=True)), nbytes)
+        for tile in (4096,) if small else (2048, 4096, 8192):
+            for per_sm in (1, 2, 4):
+                KN.TILE, KN.BWD_PROGRAMS_PER_SM = tile, per_sm
+                _tbps(bench.add({**case, "variant": f"tile {tile} per_sm {per_sm}"}, ge2=lambda: KN.row_norm_bwd(
+                    gy, x, N, w, mean, rstd, rms=False, need_x=True, need_weight=True, need_bias=True)), nbytes)
+        KN.TILE, KN.BWD_PROGRAMS_PER_SM = 4096, 2
+        # the parts: the tile kernel alone, sum_partials alone (its partials as the default launch makes them)
+        KN.row_norm_bwd(gy, x, N, w, mean, rstd, rms=False, need_x=True, need_weight=True, need_bias=True)
+        programs = max(1, min(triton_cdiv(M, KN._tile_m(M, KN._block_n(N))), 2 * KN._sm_count(x.device)))
+        part = torch.empty(programs, 2 * N, device=device)
+        out = torch.empty(2 * N, device=device, dtype=torch.bfloat16)
+        _tbps(bench.add({**case, "variant": f"sum_partials alone [{programs}, {2 * N}]"},
+                        ge2=lambda: KN.sum_partials(part, out)), part.numel() * 4)
+        for kind, fwd in (("ge2 fwd", lambda: call("layer_norm", x, w, w, normalized_shape=(N,), eps=1e-5)),
+                          ("torch fwd", lambda: TF.layer_norm(x, (N,), w, w))):
+            _tbps(bench.add({"case": f"layer_norm fwd {M}x{N} bf16", "variant": kind}, ge2=fwd), 2 * x.numel() * 2)
+        bench.cuda_graph = False
+    _profile(device)
+    bench.report()
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _profile(device) -> None:
+    """Kernel table (CUDA time) of torch's and ge2's layer_norm backward at 8192x4096 bf16."""
+    if device.type != "cuda":
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    M, N = 8192, 4096
+    x = torch.randn(M, N, device=device, dtype=torch.bfloat16)
+    w = torch.randn(N, device=device, dtype=torch.bfloat16)
+    gy = torch.randn_like(x)
+    tx, tw, tb = x.clone().requires_grad_(), w.clone().requires_grad_(), w.clone().requires_grad_()
+    ty = TF.layer_norm(tx, (N,), tw, tb)
+    _, mean, rstd = call("layer_norm", x, w, w, normalized_shape=(N,), eps=1e-5)
+    for name, fn in (("torch", lambda: torch.autograd.grad(ty, (tx, tw, tb), gy, retain_graph=True)),
+                     ("ge2", lambda: call("layer_norm_backward", gy, x, w, mean, rstd, normalized_shape=(N,)))):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                fn()
+            torch.cuda.synchronize()
+        print(f"--- {name} layer_norm backward {M}x{N} bf16, 10 calls")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8))
+
+
+GROUPS = ("optim", "gpt_optim", "norm", "gpt_norm", "other")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, each function once, no timing")
+    parser.add_argument("--only", nargs="+", choices=GROUPS, default=list(GROUPS), help="groups of rows to run")
+    parser.add_argument("--sweep", action="store_true", help="launch settings side by side (nn_sweep.json)")
+    parser.add_argument("--baseline", help="with --sweep: a folder with another checkout's norm.py and optim.py")
     args = parser.parse_args()
     device = ge2.device()
+    if args.sweep:
+        sweep(device, args.baseline, small=args.smoke)
+        return
     if args.smoke:
         bench = Smoke()
     else:
@@ -157,9 +319,19 @@ def main() -> None:
 
         bench = Bench("nn")
     print("prediction:", PREDICTION)
-    optimizer_cases(bench, blocks=1 if args.smoke else 12, d=32 if args.smoke else 768, device=device)
-    norm_cases(bench, *((16, 40) if args.smoke else (8192, 4096)), device=device)
-    other_cases(bench, device, small=args.smoke)
+    if "optim" in args.only:
+        optimizer_cases(bench, blocks=1 if args.smoke else 12, d=32 if args.smoke else 768, device=device)
+    if "gpt_optim" in args.only:
+        _gpt_optimizer_cases(bench, device, small=args.smoke)
+    if "norm" in args.only:
+        norm_cases(bench, *((16, 40) if args.smoke else (8192, 4096)), device=device)
+    if "gpt_norm" in args.only:
+        graph, bench.cuda_graph = getattr(bench, "cuda_graph", False), device.type == "cuda"
+        for M, N in ((16384, 384), (8192, 768)) if not args.smoke else ((20, 24),):
+            norm_cases(bench, M, N, device, dtypes=(torch.bfloat16,), rms=False)
+        bench.cuda_graph = graph
+    if "other" in args.only:
+        other_cases(bench, device, small=args.smoke)
     bench.report(prediction=PREDICTION)
 
 
