@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python3 bench/bench_train.py              # on a GPU; writes bench/results/train_step.json
     PYTHONPATH=. python3 bench/bench_train.py --only gpt   # the GPT rows; writes bench/results/train_step_gpt.json
+    PYTHONPATH=. python3 bench/bench_train.py --only repeat  # MLP b64, ge2.capture(repeat=16) per-step rows
     PYTHONPATH=. python3 bench/bench_train.py --smoke      # tiny shapes, each variant run once (CPU too)
 
 GPT rows: one nanoGPT training step (forward, loss, backward, AdamW with nanoGPT's decay groups) in
@@ -203,9 +204,9 @@ def _ge2_runners(step, batches):
     return eager, replay, captured
 
 
-def torch_variants(model: torch.nn.Module, batches, compile_it: bool):
+def torch_sgd_step(model: torch.nn.Module):
+    """torch's training step of ``model`` (as ge2_sgd_step): (step(x, y) -> loss, its optimizer)."""
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    it = [0]
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
@@ -214,6 +215,12 @@ def torch_variants(model: torch.nn.Module, batches, compile_it: bool):
         opt.step()
         return loss
 
+    return step, opt
+
+
+def torch_variants(model: torch.nn.Module, batches, compile_it: bool):
+    step, opt = torch_sgd_step(model)
+    it = [0]
     eager = _cycle(step, batches, it)
     replay = _torch_graph(step, batches, it)
     compiled = None
@@ -232,7 +239,8 @@ def torch_variants(model: torch.nn.Module, batches, compile_it: bool):
     return eager, replay, compiled
 
 
-def ge2_variants(model: gnn.Module, batches):
+def ge2_sgd_step(model: gnn.Module):
+    """One ge2 training step (forward, cross-entropy, backward, SGD momentum) of ``model``: step(x, y) -> loss."""
     opt = ge2.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
 
     def step(x, y):
@@ -242,7 +250,54 @@ def ge2_variants(model: gnn.Module, batches):
         opt.step()
         return loss
 
-    return _ge2_runners(step, batches)
+    return step
+
+
+def ge2_variants(model: gnn.Module, batches):
+    return _ge2_runners(ge2_sgd_step(model), batches)
+
+
+def repeat_rows(n: int = 16, batch: int = 64) -> None:
+    """MLP b64, ms per step: ge2.capture(repeat=n) (n steps from one graph launch, batches from a device
+    stack) vs n single ge2 replays vs n replays of torch's CUDA graph of the step; bench/results/train_step_repeat.json."""
+    bench = Bench("train_step_repeat", warmup_ms=50, rep_ms=100, rounds=5)
+    ref, mine, shape = mlp_pair()
+    device = ge2.device()
+    ref, mine = ref.to(device), mine.to(device)
+    copy_weights(ref, mine)
+    g = torch.Generator().manual_seed(batch)
+    xs = torch.randn(n, batch, *shape, generator=g).to(device)
+    ys = torch.randint(0, 10, (n, batch), generator=g).to(device)
+    step = ge2_sgd_step(mine)
+    single, repeated = ge2.capture(step), ge2.capture(step, repeat=n)  # one model, two graphs of its step
+    gx, gy = ge2.from_torch(xs), ge2.from_torch(ys)
+    singles = [(ge2.from_torch(x), ge2.from_torch(y)) for x, y in zip(xs, ys)]
+
+    def ge2_repeat():
+        return repeated(gx, gy)
+
+    def ge2_single():
+        for x, y in singles:
+            single(x, y)
+
+    t_replay = _torch_graph(torch_sgd_step(ref)[0], list(zip(xs, ys)), [0])
+
+    def torch_graph():
+        for _ in range(n):
+            t_replay()
+
+    for _ in range(3):
+        ge2_repeat(), ge2_single()  # warm-ups and the captures
+    row = bench.add({"model": "mlp", "batch": batch, "steps_per_call": n}, ge2_repeat=ge2_repeat,
+                    ge2_single=ge2_single, torch_graph=torch_graph)
+    assert single.captures == 1 and repeated.captures == 1, (single, repeated)
+    for key in ("ge2_repeat", "ge2_single", "torch_graph"):
+        row[f"{key}_ms_per_step"] = row[f"{key}_ms"] / n
+    row["ge2_repeat_over_torch_graph"] = row["ge2_repeat_ms"] / row["torch_graph_ms"]
+    row["ge2_repeat_over_ge2_single"] = row["ge2_repeat_ms"] / row["ge2_single_ms"]
+    print(f"  per step: ge2 repeat={n} {row['ge2_repeat_ms_per_step']:.4f} ms, ge2 single replays "
+          f"{row['ge2_single_ms_per_step']:.4f} ms, torch graph {row['torch_graph_ms_per_step']:.4f} ms", flush=True)
+    bench.report(note="*_ms: n steps (one call of repeat=n, n single replays, n torch graph replays); *_ms_per_step: / n")
 
 
 def _ratios(row: dict) -> None:
@@ -292,7 +347,7 @@ def gpt_rows(bench: Bench | None, smoke: bool, compile_it: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny batches, each variant once (CPU too)")
-    ap.add_argument("--only", choices=("mlp-cnn", "gpt"), default=None, help="only these rows")
+    ap.add_argument("--only", choices=("mlp-cnn", "gpt", "repeat"), default=None, help="only these rows")
     ap.add_argument("--tf32", action="store_true", help="TF32 matmuls/convs on both sides (MLP/CNN rows)")
     ap.add_argument("--ieee", action="store_true", help="ge2's CUDA-core fp32 matmuls (torch: fp32 as usual)")
     ap.add_argument("--compile-all", action="store_true", help="torch.compile every shape, not only the targets")
@@ -302,7 +357,7 @@ def main() -> None:
     targets = {("mlp", 512), ("cnn", 64)}
     if args.smoke:
         cases = [("mlp", 4), ("cnn", 2)]
-    if args.only == "gpt":
+    if args.only in ("gpt", "repeat"):
         cases = []
     if not torch.cuda.is_available() and not args.smoke:
         sys.exit("bench_train: needs a GPU (use --smoke on the CPU)")
@@ -336,6 +391,8 @@ def main() -> None:
             _ratios(row)
         if cuda:
             bench.report(prediction=PREDICTION, precision=precision)
+    if args.only in (None, "repeat") and cuda:
+        repeat_rows()
     if args.only in (None, "gpt"):
         ge2.set_matmul_precision("tf32x3")  # fp32 leftovers outside autocast keep fp32 accuracy
         print(GPT_PREDICTION)

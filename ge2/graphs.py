@@ -220,7 +220,7 @@ class _Launches(launch.Recorder):
         launch had arguments never launched before: a first call compiling and tuning, or a new path),
         "unknown" (launches off the plans)."""
         status = "unknown" if self.unplanned else "new" if self.new_plan else "clean"
-        return tuple((_kernel_name(k), plan.grid, _hashable(plan.values)) for k, plan, _ in self.launches), status
+        return tuple((_kernel_name(k), plan.grid, _scalars(plan.values)) for k, plan, _ in self.launches), status
 
 
 def _kernel_name(kernel: Any) -> str:
@@ -228,9 +228,13 @@ def _kernel_name(kernel: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def _hashable(values: list) -> tuple:
+def _scalars(values: list) -> tuple:
+    """A launch's scalar arguments, less its bools: flags such as ALIGNED follow tensor addresses, which
+    vary between eager calls (an allocator's state), not the step's path or values."""
     out = []
     for v in values:
+        if v is None or isinstance(v, bool):
+            continue
         try:
             hash(v)
             out.append((type(v), v))
@@ -349,6 +353,9 @@ class CapturedStep:
                 fn_name = getattr(fn, "__name__", "fn")
                 raise ValueError(f"ge2.capture: static_argnames names {name!r}, which is not a parameter of "
                                  f"{fn_name}{self._sig if self._sig is not None else '(...)'}")
+        params = [] if self._sig is None else list(self._sig.parameters.values())
+        self._positional = ([p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)],
+                            next((p.name for p in params if p.kind == p.VAR_POSITIONAL), "args"))
         self.paths: collections.OrderedDict[tuple, _Path] = collections.OrderedDict()
         self._warm: dict[tuple, _Warm] = {}
         self.captures = 0  # graphs recorded so far (a re-capture after eviction counts again)
@@ -418,12 +425,10 @@ class CapturedStep:
             if kwargs:
                 raise TypeError("ge2.capture: this step's parameters cannot be inspected; pass its arguments by position")
             return [_Arg(str(i), a, i) for i, a in enumerate(args)]
-        params = list(self._sig.parameters.values())
-        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        var = next((p.name for p in params if p.kind == p.VAR_POSITIONAL), None)
+        positional, var = self._positional
         out = []
         for i, a in enumerate(args):
-            name = positional[i].name if i < len(positional) else f"{var or 'args'}[{i - len(positional)}]"
+            name = positional[i] if i < len(positional) else f"{var}[{i - len(positional)}]"
             out.append(_Arg(name, a, i))
         out.extend(_Arg(k, v, k) for k, v in kwargs.items())
         return out
@@ -479,8 +484,8 @@ class CapturedStep:
             self.paths.move_to_end(key)
             if vkey in path.values:
                 return self._replay(path.graph, items) if path.graph is not None else self._steps(items, eager=True)
-            # non-static values this path has not seen: an eager call (on aligned copies of the inputs,
-            # as the graph reads them) shows whether they launch the same kernels
+            # non-static values this path has not seen: an eager call shows whether they launch the same
+            # kernels (a call that makes new launch plans tells nothing: the next one with them decides)
             out, (launches, status) = self._recorded_eager(items, cuda, copies=True)
             if self._same_launches(path.launches, path.captured_values, launches, status, values, names,
                                    "the call its graph was captured with"):
@@ -488,7 +493,7 @@ class CapturedStep:
             return out
         warm = self._warm.pop(key, None) or _Warm()
         if warm.calls < self.warmup:
-            out, (launches, status) = self._recorded_eager(items, cuda, warm=warm)
+            out, (launches, status) = self._recorded_eager(items, cuda, warm=warm, copies=True)
             new_shapes = _shapes(out)
             if warm.shapes is not None and new_shapes != warm.shapes:
                 raise CaptureError(
@@ -518,7 +523,7 @@ class CapturedStep:
                 # the same arguments as a clean warm-up call: the same launches, unless the step reads
                 # Python state outside its arguments
                 self._same_launches(warm.launches, warm.ref_values, launches, status, values, names,
-                                    "an earlier warm-up call")
+                                    "an earlier warm-up call", kernels_only=True)
                 path.values |= warm.values
         elif vkey in warm.values:  # new plans for the static buffers' alignment: the warm-up's launches
             path.launches, path.values = warm.launches, set(warm.values)
@@ -528,21 +533,21 @@ class CapturedStep:
         return out
 
     def _same_launches(self, ref: tuple | None, ref_values: tuple, launches: tuple, status: str, values: tuple,
-                       names: tuple, when: str) -> bool:
-        """Whether a call launched ``ref``'s kernels (False where either is unknown); a known difference
-        raises CaptureError naming the non-static arguments whose values changed."""
-        if ref is None or status == "unknown":
+                       names: tuple, when: str, kernels_only: bool = False) -> bool:
+        """Whether a clean call launched ``ref``'s kernels with ``ref``'s grids and scalars (kernels_only:
+        kernels and grids); False where either is unknown; a difference raises CaptureError naming the
+        non-static arguments whose values changed."""
+        if ref is None or status != "clean":  # "new": a plan made for new arguments or a new alignment
             return False
-        if status == "clean" and launches == ref:
+        if kernels_only:
+            ref, launches = tuple(r[:2] for r in ref), tuple(r[:2] for r in launches)
+        if launches == ref:
             return True
         changed = [f"{n!r} (was {a!r}, now {b!r})" for n, a, b in zip(names, ref_values, values)
                    if _value_key((a,)) != _value_key((b,))]
-        if status == "new":  # the launch that made a new plan is not in `launches`
-            diff = "a kernel launched with a grid or scalar arguments never launched on this path"
-        else:
-            at = next((i for i, (p, q) in enumerate(zip(ref, launches)) if p != q), min(len(ref), len(launches)))
-            diff = (f"launch {at}: {ref[at][0] if at < len(ref) else 'nothing'} vs "
-                    f"{launches[at][0] if at < len(launches) else 'nothing'}; {len(ref)} vs {len(launches)} launches")
+        at = next((i for i, (p, q) in enumerate(zip(ref, launches)) if p != q), min(len(ref), len(launches)))
+        diff = (f"launch {at}: {ref[at][0] if at < len(ref) else 'nothing'} vs "
+                f"{launches[at][0] if at < len(launches) else 'nothing'}; {len(ref)} vs {len(launches)} launches")
         fn_name = getattr(self.fn, "__name__", "step")
         if changed:
             first = changed[0].split(" ")[0]

@@ -216,3 +216,188 @@ def test_cpu_runs_eagerly_and_argument_errors():
     assert not step.captured and step.replays == 0
     assert loss.data.isfinite().all()
     assert all(not torch.equal(b, p.data) for b, p in zip(before, model.parameters()))
+
+
+# ---- paths (static_argnames), the undeclared-path check, repeat, early exit (issue 27) ----------------
+# These run on the CPU too: there every call is eager, but paths, launch checks, repeat and stop_when
+# follow the same rules (only `captures`/`replays` stay 0).
+on_gpu = torch.cuda.is_available()
+
+
+def _path_step(model, opt):
+    def step(x, y, phase, n_micro):
+        if phase == "eval":
+            with ge2.no_grad():
+                return F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        rows, total = x.shape[0] // n_micro, None
+        for i in range(n_micro):  # gradient accumulation over n_micro micro-batches
+            part = slice(i * rows, (i + 1) * rows)
+            loss = F.cross_entropy(model(x[part]), y[part]) * (1.0 / n_micro)
+            loss.backward()
+            total = loss if total is None else total + loss
+        opt.step()
+        return total
+    return step
+
+
+def test_static_paths_each_replay_equal_to_their_eager_runs():
+    models = [_model(6), _model(6)]
+    opts = [ge2.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in models]
+    eager = _path_step(models[0], opts[0])
+    step = ge2.capture(_path_step(models[1], opts[1]), warmup=1, static_argnames=("phase", "n_micro"))
+    schedule = [("train", 1), ("train", 2), ("eval", 1)] * (3 if on_gpu else 2)  # GPU: warm-up, capture, replay
+    for (x, y), (phase, n) in zip(_batches(len(schedule), rows=6, seed=3), schedule):
+        want, got = eager(x, y, phase, n).data.clone(), step(x, y, phase, n_micro=n).data
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert len(step.paths) == 3
+    assert sorted(dict((s[1], s[3]) for s in key[0] if s[0] == "static")["n_micro"] for key in step.paths) == [1, 1, 2]
+    assert _max_rel_diff(models[1], models[0]) < 1e-5
+    if on_gpu:
+        assert step.captures == 3 and step.replays == 6  # each path: a warm-up, a capture, a replay
+
+
+def test_lru_bound_holds_across_paths():
+    x = ge2.from_torch(randn(3, 5))
+
+    def powers(x, k):
+        for _ in range(k):
+            x = x * 1.5
+        return x
+
+    step = ge2.capture(powers, warmup=1, max_graphs=2, static_argnames="k")
+    for k in [1, 1, 2, 2, 1, 3, 3, 1, 1]:
+        torch.testing.assert_close(step(x, k).data, x.data * 1.5 ** k, rtol=1e-6, atol=0)
+        assert len(step.paths) <= 2
+    ks = [dict((s[1], s[3]) for s in key[0] if s[0] == "static")["k"] for key in step.paths]
+    assert ks == [3, 1]  # 2 was least recently used when 3 arrived
+    step(x, 2)  # evicted: warms up again
+    assert len(step.paths) == 2 and step.captures == (3 if on_gpu else 0)
+    if on_gpu:
+        assert step.replays == 6
+        step(x, 2)
+        assert step.captures == 4 and [dict((s[1], s[3]) for s in key[0] if s[0] == "static")["k"]
+                                       for key in step.paths] == [1, 2]
+
+
+def test_undeclared_path_argument_raises_naming_it():
+    x = ge2.from_torch(randn(4, 3))
+
+    def powers(x, k, note):  # note never reaches a kernel
+        for _ in range(k):
+            x = x * 1.25
+        return x
+
+    step = ge2.capture(powers, warmup=2)
+    for note in ["a", "b", "a", "c", "c", "b"]:  # a non-static value that does not change the launches is fine
+        torch.testing.assert_close(step(x, 1, note).data, x.data * 1.25, rtol=1e-6, atol=0)
+    assert len(step.paths) == 1
+    if on_gpu:
+        assert step.captures == 1 and step.replays == 2  # the capture's and the second "c": new values run eagerly once
+    with pytest.raises(ge2.CaptureError, match=r"argument 'k' \(was 1, now 2\) changes the kernels.*"
+                                               r"static_argnames=\('k',\)"):
+        step(x, 2, "a")
+    # a scalar that reaches a kernel counts as well: a replay would keep the captured one
+    scaled = ge2.capture(lambda x, scale: x * scale, warmup=1)
+    scaled(x, 2.0)
+    scaled(x, 2.0)
+    with pytest.raises(ge2.CaptureError, match=r"argument 'scale' \(was 2.0, now 3.0\)"):
+        for _ in range(2):  # a first call that makes new launch plans tells nothing: the second decides
+            scaled(x, 3.0)
+    # declared static, every value gets its own path
+    scaled = ge2.capture(lambda x, scale: x * scale, warmup=1, static_argnames="scale")
+    for s in (2.0, 2.0, 3.0, 3.0, 3.0):
+        torch.testing.assert_close(scaled(x, s).data, x.data * s, rtol=1e-6, atol=0)
+    # Python state outside the arguments is caught among the warm-up calls
+    calls = []
+
+    def closure(x):
+        calls.append(1)
+        return x * 2.0 if len(calls) % 2 else x + 1.0
+
+    step = ge2.capture(closure, warmup=4)
+    with pytest.raises(ge2.CaptureError, match="Python state outside its arguments"):
+        for _ in range(4):
+            step(x)
+
+
+def _stacks(batches):
+    return (ge2.from_torch(torch.stack([x.data for x, _ in batches])),
+            ge2.from_torch(torch.stack([y.data for _, y in batches])))
+
+
+def test_repeat_equals_single_steps():
+    models = [_model(7), _model(7)]
+    opts = [ge2.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, nesterov=True) for m in models]
+    eager = _train_step(models[0], opts[0])
+    step = ge2.capture(_train_step(models[1], opts[1]), warmup=1, repeat=3)
+    calls = 3 if on_gpu else 2  # GPU: warm-up, capture, replay
+    batches = _batches(3 * calls, rows=5, seed=4)
+    for c in range(calls):
+        chunk = batches[3 * c: 3 * c + 3]
+        losses = step(*_stacks(chunk))
+        assert tuple(losses.shape) == (3,)
+        want = torch.stack([eager(x, y).data.reshape(()) for x, y in chunk])
+        torch.testing.assert_close(losses.data, want, rtol=1e-5, atol=1e-6)
+    assert _max_rel_diff(models[1], models[0]) < 1e-5
+    assert opts[1].step_count == opts[0].step_count == 3 * calls
+    if on_gpu:
+        assert step.captures == 1 and step.replays == 2
+    with pytest.raises(ValueError, match=r"argument 'x' is the batch stack of 3 steps and needs a leading dim of 3"):
+        step(*batches[0])
+
+
+@pytest.mark.parametrize("nodes", ["auto", "off"])
+def test_stop_when_ends_steps_within_the_documented_latency(nodes, monkeypatch):
+    from ge2.graphs import MAX_IN_FLIGHT
+
+    if nodes == "off":  # the pinned-flag fallback, as where torch has no conditional nodes
+        if not on_gpu:
+            pytest.skip("the CPU has one mode (eager)")
+        monkeypatch.setenv("GE2_CONDITIONAL_NODES", "0")
+
+    n = 4
+    total = ge2.from_torch(torch.zeros(2, device=ge2.device()))
+
+    def accumulate(x):
+        total.data.copy_((total + x.sum()).data)  # a device-side state that every step advances by 3
+        return total * 1.0
+
+    step = ge2.capture(accumulate, warmup=1, repeat=n, stop_when=lambda out: out.sum() > 80.0)
+    xs = ge2.from_torch(torch.ones(n, 3, device=ge2.device()))
+    outs = [step(xs) for _ in range(8)]
+    outs = [None if o is None else o.data.clone() for o in outs]  # replays overwrite their outputs
+    if on_gpu:
+        torch.cuda.synchronize()
+    assert step.stopped and step(xs) is None
+    # the 14th step (4th call, 2nd row) makes total 42 (out.sum() 84 > 80); no later step may run,
+    # except in pinned-flag mode
+    done = total.data[0].item() / 3
+    late = {"eager": 0, "conditional": 0, "pinned-flag": MAX_IN_FLIGHT * n - 1}[step.early_exit]
+    assert 14 <= done <= 14 + late, (step.early_exit, done)
+    print(f"early exit: {step.early_exit}, steps run {done:.0f} (the condition met at step 14)")
+    if step.early_exit != "pinned-flag":
+        assert outs[3][:2, 0].tolist() == [39.0, 42.0] and outs[3][2:].isnan().all()  # rows not run are NaN
+    if not on_gpu:
+        assert all(o is None for o in outs[4:])  # the host knows at once
+    step.resume()
+    step(xs)
+    if on_gpu:
+        torch.cuda.synchronize()
+    assert total.data[0].item() / 3 > done  # resumed: steps run again
+
+
+def test_path_argument_errors():
+    def f(x):
+        return x
+
+    with pytest.raises(ValueError, match=r"static_argnames names 'phase', which is not a parameter of f\(x\)"):
+        ge2.capture(f, static_argnames=("phase",))
+    with pytest.raises(ValueError, match="repeat must be an int >= 1"):
+        ge2.capture(lambda x: x, repeat=0)
+    x = ge2.from_torch(randn(2, 3))
+    with pytest.raises(TypeError, match="static argument 'k' must be hashable"):
+        ge2.capture(lambda x, k: x, static_argnames="k")(x, [1, 2])
+    with pytest.raises(TypeError, match="stop_when must return a one-element bool tensor"):
+        ge2.capture(lambda x: x * 2.0, stop_when=lambda out: out)(x)
+
