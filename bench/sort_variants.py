@@ -38,6 +38,9 @@ def main() -> None:
             print(f"sort {m}x{n} TILE {tile} warps {warps or 'auto'} MERGE_BLOCK {block} merge {'path' if path else 'search'}: {ms:.4f} ms, "
                   f"torch {t_torch:.4f} ratio {t_torch / ms:.2f} ok {ok}", flush=True)
         SO.TILE, SO.MERGE_BLOCK, SO.MERGE_PATH, SO.TILE_WARPS = *defaults[:3], 0
+        tiles = x.view(-1, SO.TILE)  # the same elements as rows of one tile: the tile pass and the gather alone
+        ms = _time(lambda: SO.sort(tiles, dim=-1))
+        print(f"sort {m}x{n} as rows of {SO.TILE} (no merge pass): {ms:.4f} ms", flush=True)
         for k in (8, 50, 1024):
             t_ref = torch.topk(x, k)
             t_torch = _time(lambda: torch.topk(x, k))
