@@ -176,13 +176,13 @@ def test_model_outputs_and_grads_match_torch_autocast(dtype):
 @pytest.fixture
 def cast_counts(monkeypatch):
     counts: collections.Counter = collections.Counter()
-    real = autocast_mode._copy
+    # every cast of a parameter: the autograd copy, or the plain one whose gradient the op writes itself (linear)
+    for name in ("_copy", "_plain_copy"):
+        def counting(t, dtype, real=getattr(autocast_mode, name)):
+            counts[id(t)] += 1
+            return real(t, dtype)
 
-    def counting(t, dtype):
-        counts[id(t)] += 1
-        return real(t, dtype)
-
-    monkeypatch.setattr(autocast_mode, "_copy", counting)
+        monkeypatch.setattr(autocast_mode, name, counting)
     return counts
 
 

@@ -37,7 +37,8 @@ class _State(threading.local):
         self.low: dict[str, torch.dtype] = {}  # device type -> the low dtype of its innermost region
         self.cache_enabled = True
         self.saved: list[tuple[dict[str, torch.dtype], bool]] = []  # what each open region replaced
-        self.cache: dict[tuple, tuple[Any, int, Any]] = {}  # (id(leaf), dtype, grad mode) -> (leaf, version, copy)
+        # (id(leaf), dtype, grad mode or "plain") -> (leaf, version, copy)
+        self.cache: dict[tuple, tuple[Any, int, Any]] = {}
 
 
 state = _State()
@@ -143,6 +144,31 @@ def _cast(t: Any, dtype: torch.dtype) -> Any:
         state.cache[key] = (t, t._version_counter.value, out)  # holds t: its id stays unique meanwhile
         return out
     return _copy(t, dtype)
+
+
+def cached_low_copy(t: Any, like: Any) -> torch.Tensor | None:
+    """The region's low-dtype copy of parameter ``t`` as a plain torch tensor (no autograd node), cast once per
+    region like the weight cache, for an op whose input ``like`` picks the region and that writes ``t``'s
+    gradient in ``t``'s own dtype itself (``linear``: from the GEMM's fp32 accumulator, so no cast runs
+    backward). None where ``cast_low`` would not cache a cast of ``t``: the op then casts as usual."""
+    low = _region_dtype((like,))
+    if (low is None or not _is_tensor(t) or t.dtype not in _ELIGIBLE or t.dtype == low or not state.cache_enabled
+            or t.grad_fn is not None or not t.requires_grad or t.data._base is not None):
+        return None
+    key = (id(t), low, "plain")
+    hit = state.cache.get(key)
+    if hit is not None and hit[0] is t and hit[1] == t._version_counter.value:
+        return hit[2]
+    out = _plain_copy(t, low)
+    state.cache[key] = (t, t._version_counter.value, out)
+    return out
+
+
+def _plain_copy(t: Any, dtype: torch.dtype) -> torch.Tensor:
+    """t's data cast to dtype, outside autograd."""
+    out = torch.empty_like(t.data, dtype=dtype)
+    out.copy_(t.data)
+    return out
 
 
 def _is_tensor(t: Any) -> bool:

@@ -12,7 +12,7 @@ bias_kind="none", act="none", act_alpha=0.01, save_z=False, out_dtype=None) -> (
     (gelu, gelu_tanh, silu); otherwise None, and backward recovers act' from y.
 
 ``gemm_backward(gy, a, b, z=None, y=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
-bias_kind="none", act="none", act_alpha=0.01, has_c=False, need_a=True, need_b=True)
+bias_kind="none", act="none", act_alpha=0.01, has_c=False, need_a=True, need_b=True, db_dtype=None)
 -> (da, db, dbias, dc)``
 
     gz = gy * act'(z) (act' from y for relu/leaky_relu/sigmoid/tanh/none: pass z for gelu,
@@ -21,7 +21,8 @@ bias_kind="none", act="none", act_alpha=0.01, has_c=False, need_a=True, need_b=T
     per_n), None when bias_kind == "none"; dc = beta * gz (y's shape), None unless has_c.
     da/db are None when not needed. An operand with batch stride 0 (a broadcast expanded with
     ``expand``) gets its gradient summed over the batch, shape [1, ...]: reshape it back.
-    New contiguous outputs; da/db/dc in the operands' dtype, dbias in gy's dtype.
+    New contiguous outputs; da/db/dc in the operands' dtype (db in ``db_dtype`` when given: an
+    autocast weight's fp32 gradient straight from the accumulator), dbias in gy's dtype.
 """
 from __future__ import annotations
 
@@ -97,7 +98,8 @@ register("gemm", "triton", dtypes=GEMM_DTYPES)(K.gemm)
 
 
 def _check_gemm_backward(op: str, gy, a, b, z=None, y=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
-                         bias_kind="none", act="none", act_alpha=0.01, has_c=False, need_a=True, need_b=True) -> None:
+                         bias_kind="none", act="none", act_alpha=0.01, has_c=False, need_a=True, need_b=True,
+                         db_dtype=None) -> None:
     y_shape = _check_operands(op, a, b, trans_a, trans_b)
     for name, t in (("gy", gy), ("z", z), ("y", y)):
         if t is not None and tuple(t.shape) != y_shape:
@@ -109,6 +111,9 @@ def _check_gemm_backward(op: str, gy, a, b, z=None, y=None, *, trans_a=False, tr
         raise ValueError(f"{op}: the {act} gradient needs z (the pre-activation; gemm(..., save_z=True)), got None")
     if code != activations.NONE and z is None and y is None:
         raise ValueError(f"{op}: the {act} gradient needs z or y, got neither")
+    if db_dtype is not None and db_dtype not in GEMM_DTYPES:
+        raise TypeError(f"{op}: db_dtype must be one of {', '.join(dtype_name(d) for d in GEMM_DTYPES)}, "
+                        f"got {db_dtype}")
 
 
 defop("gemm_backward", Schema((

@@ -808,11 +808,13 @@ def bias_act_backward(gy: torch.Tensor, saved: torch.Tensor | None, *, act: int,
 def gemm_backward(gy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, z: torch.Tensor | None = None,
                   y: torch.Tensor | None = None, *, trans_a: bool = False, trans_b: bool = False,
                   alpha: float = 1.0, beta: float = 0.0, bias_kind: str = "none", act: str = "none",
-                  act_alpha: float = 0.01, has_c: bool = False, need_a: bool = True, need_b: bool = True):
+                  act_alpha: float = 0.01, has_c: bool = False, need_a: bool = True, need_b: bool = True,
+                  db_dtype: torch.dtype | None = None):
     """(da, db, dbias, dc) of Y = act(alpha*op(a)@op(b) + beta*c + bias), given gY = dL/dY.
 
     Shapes as in ``ge2.backend.gemm``'s docstring: da like a, db like b (batch 1 for a broadcast
     operand), dbias [1] / [M] / [N], dc like gy. act' is read from z if given, else from y.
+    ``db_dtype``: db's dtype (default b's), e.g. fp32 for the fp32 master weight of a bf16 operand.
     """
     code = activations.act_code("gemm_backward", act, act_alpha)
     from_z = z is not None
@@ -839,7 +841,8 @@ def gemm_backward(gy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, z: torch.T
         _launch(lhs, rhs, da, alpha=alpha, reduce_batch=_is_broadcast(a), kmajor_copies=True)
     if need_b:
         # dB = alpha * op(A)^T @ gZ, or its transpose gZ^T @ op(A) when b is stored transposed.
-        db = torch.empty((1, *b.shape[1:]) if _is_broadcast(b) else b.shape, dtype=b.dtype, device=b.device)
+        db = torch.empty((1, *b.shape[1:]) if _is_broadcast(b) else b.shape, dtype=db_dtype or b.dtype,
+                         device=b.device)
         lhs, rhs = (_transposed(gv), av) if trans_b else (_transposed(av), gv)
         _launch(lhs, rhs, db, alpha=alpha, reduce_batch=_is_broadcast(b), kmajor_copies=True)
     return da, db, dbias, dc

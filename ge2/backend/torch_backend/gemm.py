@@ -46,16 +46,17 @@ def _act_grad(z, y, act, act_alpha):
             "sigmoid": lambda: y * (1 - y), "tanh": lambda: 1 - y * y}[act]()
 
 
-def _grad_for(t: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """g summed over the batch when t is an expanded (batch stride 0) operand, in t's dtype."""
+def _grad_for(t: torch.Tensor, g: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """g summed over the batch when t is an expanded (batch stride 0) operand, in dtype (default t's)."""
     if t.dim() == 3 and t.shape[0] > 1 and t.stride(0) == 0:
         g = g.sum(0, keepdim=True)
-    return g.to(t.dtype).contiguous()
+    return g.to(dtype or t.dtype).contiguous()
 
 
 @register("gemm_backward", "torch", dtypes=GEMM_DTYPES)
 def gemm_backward(gy, a, b, z=None, y=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
-                  bias_kind="none", act="none", act_alpha=0.01, has_c=False, need_a=True, need_b=True):
+                  bias_kind="none", act="none", act_alpha=0.01, has_c=False, need_a=True, need_b=True,
+                  db_dtype=None):
     acc = torch.float64 if a.dtype == torch.float64 else torch.float32
     saved = (z if z is not None else y if y is not None else gy).to(acc)
     gz = gy.to(acc) * _act_grad(saved if z is not None else None, saved if z is None else None, act, act_alpha)
@@ -65,7 +66,7 @@ def gemm_backward(gy, a, b, z=None, y=None, *, trans_a=False, trans_b=False, alp
     if need_a:
         da = _grad_for(a, _op(alpha * gz_op @ op_b.transpose(-1, -2), trans_a))
     if need_b:
-        db = _grad_for(b, _op(alpha * op_a.transpose(-1, -2) @ gz_op, trans_b))
+        db = _grad_for(b, _op(alpha * op_a.transpose(-1, -2) @ gz_op, trans_b), db_dtype)
     sum_dims = {"none": None, "scalar": tuple(range(gz.dim())), "per_m": (0, 2) if gz.dim() == 3 else (1,),
                 "per_n": tuple(range(gz.dim() - 1))}[bias_kind]
     dbias = gz.sum(sum_dims).reshape(-1).to(gy.dtype) if sum_dims is not None else None
