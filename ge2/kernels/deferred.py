@@ -13,6 +13,8 @@ from typing import Callable
 
 import torch
 
+from ge2.kernels import launch
+
 
 class DeferredCounts:
     """A queue of device counts [1] waiting to be raised as ValueError(message(n) + note)."""
@@ -32,6 +34,9 @@ class DeferredCounts:
             if n_bad:
                 raise ValueError(message(n_bad))
             return
+        # A call plan must not record this: its replay would copy into a fresh unpinned buffer (a
+        # host sync, and a CUDA-graph capture error) that nobody reads, so the check would be lost.
+        launch._refuse("a deferred bad-input check (host work: a pinned copy, an event, a queue entry)")
         host = next((h for h in self._pinned if h.dtype == count.dtype), None)
         if host is None:
             host = torch.empty(1, dtype=count.dtype, pin_memory=True)
