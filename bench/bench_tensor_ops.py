@@ -263,7 +263,12 @@ def main(argv: list[str] | None = None) -> None:
     with ge2.no_grad():
         for row in rows:
             g, t, nbytes = row.build(device, False)
-            g(), t()  # compile and tune before timing
+            try:
+                g(), t()  # compile and tune before timing
+            except Exception as e:  # a row that fails is recorded and the run goes on
+                bench.rows.append({"op": row.op, "shape": row.shape, "error": f"{type(e).__name__}: {e}"[:300]})
+                print(f"op={row.op} shape={row.shape} FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                continue
             result = bench.add({"op": row.op, "shape": row.shape, "dtype": str(row.dtype).replace("torch.", "")},
                                ge2=g, torch=t)
             for key in ("ge2", "torch"):
