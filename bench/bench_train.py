@@ -261,15 +261,15 @@ def repeat_rows(n: int = 16, batch: int = 64) -> None:
     """MLP b64, ms per step: ge2.capture(repeat=n) (n steps from one graph launch, batches from a device
     stack) vs n single ge2 replays vs n replays of torch's CUDA graph of the step; bench/results/train_step_repeat.json."""
     bench = Bench("train_step_repeat", warmup_ms=50, rep_ms=100, rounds=5)
-    ref, mine, shape = mlp_pair()
+    (ref, mine, shape), (_, mine2, _) = mlp_pair(), mlp_pair()
     device = ge2.device()
-    ref, mine = ref.to(device), mine.to(device)
+    ref, mine, mine2 = ref.to(device), mine.to(device), mine2.to(device)
     copy_weights(ref, mine)
+    copy_weights(ref, mine2)
     g = torch.Generator().manual_seed(batch)
     xs = torch.randn(n, batch, *shape, generator=g).to(device)
     ys = torch.randint(0, 10, (n, batch), generator=g).to(device)
-    step = ge2_sgd_step(mine)
-    single, repeated = ge2.capture(step), ge2.capture(step, repeat=n)  # one model, two graphs of its step
+    single, repeated = ge2.capture(ge2_sgd_step(mine)), ge2.capture(ge2_sgd_step(mine2), repeat=n)
     gx, gy = ge2.from_torch(xs), ge2.from_torch(ys)
     singles = [(ge2.from_torch(x), ge2.from_torch(y)) for x, y in zip(xs, ys)]
 
@@ -286,17 +286,29 @@ def repeat_rows(n: int = 16, batch: int = 64) -> None:
         for _ in range(n):
             t_replay()
 
-    for _ in range(3):
-        ge2_repeat(), ge2_single()  # warm-ups and the captures
+    for name, fn in (("ge2_repeat", ge2_repeat), ("ge2_single", ge2_single)):
+        for _ in range(3):
+            fn()  # two warm-up calls and the capture
+        torch.cuda.synchronize()
+        print(f"  {name}: warmed up and captured", flush=True)
+    # the same 48 steps on the same batches from the same weights: equal up to fp32 rounding
+    diff = max(((p.data - q.data).abs().max() / q.data.abs().max()).item()
+               for p, q in zip(mine2.parameters(), mine.parameters()))
     row = bench.add({"model": "mlp", "batch": batch, "steps_per_call": n}, ge2_repeat=ge2_repeat,
                     ge2_single=ge2_single, torch_graph=torch_graph)
+    row["params_rel_diff_repeat_vs_single"] = diff
     assert single.captures == 1 and repeated.captures == 1, (single, repeated)
     for key in ("ge2_repeat", "ge2_single", "torch_graph"):
+        if row[f"{key}_ms"] is None:
+            print(f"  {key} failed: {row.get(key + '_error')}", flush=True)
+            continue
         row[f"{key}_ms_per_step"] = row[f"{key}_ms"] / n
-    row["ge2_repeat_over_torch_graph"] = row["ge2_repeat_ms"] / row["torch_graph_ms"]
-    row["ge2_repeat_over_ge2_single"] = row["ge2_repeat_ms"] / row["ge2_single_ms"]
-    print(f"  per step: ge2 repeat={n} {row['ge2_repeat_ms_per_step']:.4f} ms, ge2 single replays "
-          f"{row['ge2_single_ms_per_step']:.4f} ms, torch graph {row['torch_graph_ms_per_step']:.4f} ms", flush=True)
+    if row.get("ge2_repeat_ms") and row.get("torch_graph_ms") and row.get("ge2_single_ms"):
+        row["ge2_repeat_over_torch_graph"] = row["ge2_repeat_ms"] / row["torch_graph_ms"]
+        row["ge2_repeat_over_ge2_single"] = row["ge2_repeat_ms"] / row["ge2_single_ms"]
+        print(f"  per step: ge2 repeat={n} {row['ge2_repeat_ms_per_step']:.4f} ms, ge2 single replays "
+              f"{row['ge2_single_ms_per_step']:.4f} ms, torch graph {row['torch_graph_ms_per_step']:.4f} ms "
+              f"(params after 48 steps: rel diff {diff:.2e})", flush=True)
     bench.report(note="*_ms: n steps (one call of repeat=n, n single replays, n torch graph replays); *_ms_per_step: / n")
 
 

@@ -19,8 +19,9 @@ whatever the call it captured did with them. So the launches of each eager call 
 (kernel, grid and scalar arguments of every ge2 launch, from the launch plans); a call whose
 non-static values were never seen on its path runs eagerly and is compared with the path's
 launches: the same launches, and the values join the path (later calls replay); different
-launches raise ``CaptureError`` naming the argument to declare static. Two warm-up calls with the
-same arguments but different launches (Python state outside the arguments) raise too.
+launches raise ``CaptureError`` naming the argument to declare static. Two warm-up calls (after
+the first, which creates state) with the same arguments but different launches (Python state
+outside the arguments) raise too.
 
 ``repeat=n``: every tensor argument is a device-resident stack of n batches [n, ...]; one call runs
 n steps (one graph launch) and returns the outputs stacked [n, ...]. ``stop_when(outputs) -> bool
@@ -500,7 +501,9 @@ class CapturedStep:
                     f"ge2.capture: two calls with the same input signature returned outputs of different "
                     f"shapes ({warm.shapes} vs {new_shapes}); a data-dependent shape cannot be captured")
             warm.shapes = new_shapes
-            if status == "clean":  # a first call compiles and tunes ("new"): only clean calls compare
+            # A key's first call creates state (.grad, optimizer state: a later call accumulates
+            # where it assigned) and compiles ("new"): only later clean calls are compared.
+            if status == "clean" and warm.calls >= 1:
                 if warm.launches is None:
                     warm.launches, warm.ref_values = launches, values
                     warm.values.add(vkey)
