@@ -24,21 +24,26 @@ def _time(fn) -> float:
 
 def main() -> None:
     shapes = ((256, 32768), (64, 131072))
-    defaults = (SO.TILE, SO.MERGE_BLOCK, SO.MERGE_PATH, SO.SELECT_MIN_K, SO.SELECT_ATOMIC_PASSES)
+    defaults = (SO.TILE, SO.MERGE_BLOCK, SO.MERGE, SO.SELECT_MIN_K, SO.SELECT_ATOMIC_PASSES)
     for m, n in shapes:
         x = torch.randn(m, n, device="cuda")
         ref = torch.sort(x, -1)
         t_torch = _time(lambda: torch.sort(x, -1))
-        for tile, block, path, warps in ((1024, 1024, True, 0), (1024, 1024, False, 0), (1024, 1024, True, 4),
-                                         (1024, 1024, True, 2), (512, 1024, True, 0), (512, 1024, True, 4),
-                                         (256, 1024, True, 0)):
-            SO.TILE, SO.MERGE_BLOCK, SO.MERGE_PATH, SO.TILE_WARPS = tile, block, path, warps
-            values, indices = SO.sort(x, dim=-1)
-            ok = torch.equal(values, ref.values) and torch.equal(indices, ref.indices)
-            ms = _time(lambda: SO.sort(x, dim=-1))
-            print(f"sort {m}x{n} TILE {tile} warps {warps or 'auto'} MERGE_BLOCK {block} merge {'path' if path else 'search'}: {ms:.4f} ms, "
+        for tile, block, merge, warps in ((1024, 1024, "lanes", 0), (1024, 1024, "bitonic", 0),
+                                          (1024, 1024, "search", 0), (1024, 1024, "lanes", 4),
+                                          (1024, 1024, "lanes", 2), (512, 1024, "lanes", 4), (256, 1024, "lanes", 0),
+                                          (1024, 2048, "lanes", 0)):
+            SO.TILE, SO.MERGE_BLOCK, SO.MERGE, SO.TILE_WARPS = tile, block, merge, warps
+            try:
+                values, indices = SO.sort(x, dim=-1)
+                ok = torch.equal(values, ref.values) and torch.equal(indices, ref.indices)
+                ms = _time(lambda: SO.sort(x, dim=-1))
+            except Exception as e:  # a variant that does not compile is reported, the sweep goes on
+                print(f"sort {m}x{n} TILE {tile} merge {merge}: FAILED {type(e).__name__}: {str(e)[:200]}")
+                continue
+            print(f"sort {m}x{n} TILE {tile} warps {warps or 'auto'} MERGE_BLOCK {block} merge {merge}: {ms:.4f} ms, "
                   f"torch {t_torch:.4f} ratio {t_torch / ms:.2f} ok {ok}", flush=True)
-        SO.TILE, SO.MERGE_BLOCK, SO.MERGE_PATH, SO.TILE_WARPS = *defaults[:3], 0
+        SO.TILE, SO.MERGE_BLOCK, SO.MERGE, SO.TILE_WARPS = *defaults[:3], 0
         tiles = x.view(-1, SO.TILE)  # the same elements as rows of one tile: the tile pass and the gather alone
         ms = _time(lambda: SO.sort(tiles, dim=-1))
         print(f"sort {m}x{n} as rows of {SO.TILE} (no merge pass): {ms:.4f} ms", flush=True)

@@ -156,11 +156,15 @@ def test_sort_packed_tiles(monkeypatch):
     assert same(values, torch.topk(x, 3, dim=1).values)
 
 
-def test_sort_merge_path(monkeypatch):
-    """The GPU's merge of packed keys (merge-path split, bitonic merge on chip), several passes and blocks."""
+@pytest.mark.parametrize("kind", ["lanes", "bitonic", "search"])
+def test_sort_packed_merges(monkeypatch, kind):
+    """The GPU's merges of packed keys (merge path per lane or per block, or a search per element):
+    several passes, several programs per pair of runs."""
     monkeypatch.setattr(SO, "PACKED_SORT", True)
     monkeypatch.setattr(SO, "TILE", 8)
     monkeypatch.setattr(SO, "MERGE_BLOCK", 8)
+    monkeypatch.setattr(SO, "MERGE_SEQ", 2)
+    monkeypatch.setattr(SO, "MERGE", kind)
     x = (3 * sample(2, 45, seed=24)).round()  # ties on purpose: stability across merges
     x[0, 30] = x[1, 3] = math.nan
     check_sort(x, 1)

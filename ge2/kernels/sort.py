@@ -56,9 +56,12 @@ SELECT_MIN_K, SELECT_MAX_K = 8, 4096
 SELECT_BLOCK = 4096  # elements per program of the select passes
 # Pass 0 counts every element (tl.histogram: per-program counts, 256 atomics); later passes count
 # only the few elements under the prefix, by masked atomics (tl.histogram's cost does not shrink
-# with its mask). MERGE_PATH: merge packed runs by merge path (else the per-element binary search).
+# with its mask). MERGE: how packed runs merge: "lanes" (merge path per lane, MERGE_SEQ outputs a
+# lane, merged sequentially), "bitonic" (merge path per block, then tl.bitonic_merge), "search" (a
+# binary search per element, as the 64-bit keys do).
 SELECT_ATOMIC_PASSES = True
-MERGE_PATH = True
+MERGE = "lanes"
+MERGE_SEQ = 8
 TILE_WARPS = 0  # warps of the tile pass; 0: 8 for tiles of 512+ elements, else 4
 _INT64_MAX = tl.constexpr(2**63 - 1)
 _WIDE_KEYS = (torch.float64, torch.int64)
@@ -226,6 +229,47 @@ def _merge_path_kernel(key_in, key_out, L_in, L_out, run_in, run_out, per_pair, 
     tl.store(key_out + row * L_out + pair.to(tl.int64) * run_out + d0 + j, x, mask=live & (j < d1 - d0))
 
 
+@triton.jit
+def _merge_lanes_kernel(key_in, key_out, L_in, L_out, run_in, run_out, per_pair, per_row, steps,
+                        LANES: tl.constexpr, SEQ: tl.constexpr):
+    """Packed (unique) keys: merge runs 2p and 2p+1; each lane writes SEQ consecutive merged outputs.
+
+    Merge path per lane (one binary search finds where its first output comes from), then SEQ
+    steps each taking the smaller head of the two runs: about two cached loads per element
+    instead of a search per element or a compare-and-swap network."""
+    pid = tl.program_id(0)
+    row = (pid // per_row).to(tl.int64)
+    blk = pid % per_row
+    pair = blk // per_pair
+    a_start = pair.to(tl.int64) * 2 * run_in
+    n_a = tl.minimum(run_in, L_in - a_start)
+    n_b = tl.minimum(tl.maximum(L_in - a_start - run_in, 0), run_in)
+    n_out = tl.minimum(n_a + n_b, run_out)
+    d = (blk % per_pair).to(tl.int64) * (LANES * SEQ) + tl.arange(0, LANES) * SEQ
+    live = d < n_out
+    base_a = key_in + row * L_in + a_start
+    base_b = base_a + run_in
+    lo = tl.maximum(d - n_b, 0)
+    hi = tl.minimum(d, n_a)
+    for _ in range(steps):
+        active = live & (lo < hi)
+        mid = (lo + hi) // 2
+        ka = tl.load(base_a + mid, mask=active, other=0)
+        kb = tl.load(base_b + (d - 1 - mid), mask=active, other=0)
+        lo = tl.where(active & (ka < kb), mid + 1, lo)
+        hi = tl.where(active & (ka >= kb), mid, hi)
+    i = lo
+    j = d - lo
+    out = key_out + row * L_out + pair.to(tl.int64) * run_out + d
+    for s in tl.static_range(SEQ):
+        ka = tl.load(base_a + i, mask=live & (i < n_a), other=_INT64_MAX)
+        kb = tl.load(base_b + j, mask=live & (j < n_b), other=_INT64_MAX)
+        take_a = ka < kb
+        tl.store(out + s, tl.where(take_a, ka, kb), mask=live & (d + s < n_out))
+        i = tl.where(take_a, i + 1, i)
+        j = tl.where(take_a, j, j + 1)
+
+
 def _run_lengths(n: int, run: int, cap: int) -> int:
     """Stored row length after capping each run of `run` elements (the last may be shorter) at cap."""
     runs = cdiv(n, run)
@@ -260,7 +304,14 @@ def sorted_rows(x2: torch.Tensor, descending: bool, cap: int | None = None) -> t
         L_out = _run_lengths(L, 2 * run, run_out)
         keys2 = torch.empty((M, L_out), dtype=torch.int64, device=x2.device)
         index2 = keys2 if packed else torch.empty((M, L_out), dtype=torch.int32, device=x2.device)
-        if packed and MERGE_PATH:
+        if packed and MERGE == "lanes":
+            lanes = min(MERGE_BLOCK // MERGE_SEQ, triton.next_power_of_2(cdiv(run_out, MERGE_SEQ)))
+            per_pair = cdiv(run_out, lanes * MERGE_SEQ)
+            per_row = cdiv(L, 2 * run) * per_pair
+            _merge_lanes_kernel[(M * per_row,)](keys, keys2, L, L_out, run, run_out, per_pair, per_row,
+                                                (run + 1).bit_length(), LANES=lanes, SEQ=MERGE_SEQ,
+                                                num_warps=4 if lanes >= 128 else 1)
+        elif packed and MERGE == "bitonic":
             block = min(MERGE_BLOCK, max(2, triton.next_power_of_2(run_out)))  # bitonic_merge needs 2+
             per_pair = cdiv(run_out, block)
             per_row = cdiv(L, 2 * run) * per_pair
