@@ -367,6 +367,7 @@ class CapturedStep:
         # early exit: a device bool "keep going" and its host mirror, read without a sync
         self._go: torch.Tensor | None = None
         self._go_host: torch.Tensor | None = None
+        self._conditional: bool | None = None  # IF nodes or the pinned flag, chosen at the first call
         self._in_flight: collections.deque = collections.deque()  # pinned-flag mode: events of recent replays
 
     # ---- public state --------------------------------------------------------------------------
@@ -388,7 +389,8 @@ class CapturedStep:
             return None
         if not torch.cuda.is_available():
             return "eager"
-        return "conditional" if conditional_nodes_available() else "pinned-flag"
+        conditional = conditional_nodes_available() if self._conditional is None else self._conditional
+        return "conditional" if conditional else "pinned-flag"
 
     @property
     def stopped(self) -> bool:
@@ -573,6 +575,7 @@ class CapturedStep:
     # ---- the steps of one call -----------------------------------------------------------------
     def _flags(self, device: torch.device) -> None:
         if self._go is None:
+            self._conditional = device.type == "cuda" and conditional_nodes_available()
             self._go = torch.ones((), dtype=torch.bool, device=device)
             self._go_host = torch.ones((), dtype=torch.bool, pin_memory=device.type == "cuda") if device.type == "cuda" else self._go
 
@@ -607,7 +610,7 @@ class CapturedStep:
 
         if self.repeat == 1 and self.stop_when is None:
             return run(None)
-        conditional = not eager and conditional_nodes_available() and self.stop_when is not None
+        conditional = not eager and self.stop_when is not None and self._conditional
         bufs = None if template is None else _alloc(template, self.repeat)
         for i in range(self.repeat):
             if eager and self.stopped:
@@ -627,11 +630,11 @@ class CapturedStep:
         import ge2
         from ge2.autograd.tensor import Tensor
 
-        stop = self.stop_when(out)
-        stop = stop if isinstance(stop, Tensor) else Tensor(stop) if isinstance(stop, torch.Tensor) else None
+        raw = self.stop_when(out)
+        stop = raw if isinstance(raw, Tensor) else Tensor(raw) if isinstance(raw, torch.Tensor) else None
         if stop is None or stop.numel() != 1 or stop.data.dtype != torch.bool:
-            raise TypeError(f"ge2.capture: stop_when must return a one-element bool tensor (e.g. loss < 0.1), got "
-                            f"{type(stop).__name__ if stop is None else f'{stop.data.dtype} of shape {list(stop.shape)}'}")
+            got = type(raw).__name__ if stop is None else f"{stop.data.dtype} of shape {list(stop.shape)}"
+            raise TypeError(f"ge2.capture: stop_when must return a one-element bool tensor (e.g. loss < 0.1), got {got}")
         with ge2.no_grad():
             if eager:
                 if bool(stop.data.reshape(()).item()):  # an eager step may sync: warm-up and CPU only
@@ -735,7 +738,7 @@ class CapturedStep:
                 leaf.grad = None
             elif leaf.grad is None or leaf.grad.data is not grad:
                 leaf.grad = Tensor(grad)  # another graph or an eager step had replaced it
-        if self.stop_when is not None and not conditional_nodes_available():
+        if self.stop_when is not None and not self._conditional:
             # pinned-flag mode: at most MAX_IN_FLIGHT replays queued, so the host's view of the flag
             # lags the device by a bounded number of steps (see STOP_LATENCY)
             while len(self._in_flight) >= MAX_IN_FLIGHT:
@@ -743,7 +746,7 @@ class CapturedStep:
             if self.stopped:
                 return None
         graph.graph.replay()
-        if self.stop_when is not None and not conditional_nodes_available():
+        if self.stop_when is not None and not self._conditional:
             event = torch.cuda.Event()
             event.record()
             self._in_flight.append(event)
