@@ -20,13 +20,22 @@ the element's index, so (key, index) pairs are unique and the sort is stable in 
 and ``tl.sort`` sorts TILE of them (``tl.topk`` when only the first k of a tile are kept); 64-bit
 keys (fp64, int64) are ranked by counting, in tiles of RANK_TILE (each element's rank is how many
 pairs of its tile are smaller). Under the interpreter every tile is ranked (its tl.sort is an
-element-by-element loop). Then sorted runs are merged pairwise, log2(N / TILE) passes: every
-element finds its place in the merged run as its index in its own run plus the number of smaller
-pairs in the partner run (a binary search; packed pairs need one int64 compare per step), so a
-pass is one fully parallel launch with no shared state, and rows of 32k or 128k elements work the
-same as rows of 10. topk, kthvalue and the draw without replacement cap every run at k: a tile
-keeps only its k best and a merge writes only the first k of each merged pair, so topk(k=50) of a
-128k row merges 128 runs of 50 instead of 128 runs of 1024.
+element-by-element loop). Then sorted runs are merged pairwise, log2(N / TILE) passes, each one
+launch with no shared state. Packed keys (unique int64s) merge by merge path: the split of the
+merged run's first d outputs between the two runs is one binary search, done once per lane, and
+each lane then writes its MERGE_SEQ outputs by taking the smaller head of the two runs (MERGE
+"lanes"; "bitonic" merges a block's slice with tl.bitonic_merge instead). (key, index) pairs of
+64-bit keys find their place by a binary search per element in the partner run. topk, kthvalue
+and the draw without replacement cap every run at k: a tile keeps only its k best and a merge
+writes only the first k of each merged pair.
+
+**Radix select.** For 8 <= k <= 4096 out of rows longer than a tile (packed keys), the first k
+are found without sorting the row: (key + 2^31) << IB | index is one non-negative number per
+element, unique; pass p histograms its digit p (8 bits from the top) over the elements whose
+higher digits equal the prefix chosen so far (every program replays the earlier choices from the
+histograms, so no state is shared), until the chosen bin holds exactly what is still needed (the
+index digits only run on a tie at the k-th place). The k selected are written in any order and
+sorted by one tl.sort per row.
 
 **multinomial.** With replacement: one scan of each row's weights gives the CDF (fp32, fp64 for
 fp64), each draw u = rand(seed, offset + row * S + s) (ge2's device-side Philox state, as dropout)
