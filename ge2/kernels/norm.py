@@ -60,6 +60,15 @@ def _fixed_warps(block: int) -> int:
 # ---------------------------------------------------------------------------------------------
 # LayerNorm / RMSNorm
 # ---------------------------------------------------------------------------------------------
+@triton.jit
+def _row_mean(total, N):
+    """total / N correctly rounded: Triton's fp32 ``/`` may be 2 ulp off, and in a row of one element that
+    turns x - mean (and g - mean(g)) from 0 into an ulp that rstd = 1/sqrt(eps) multiplies by ~300."""
+    if total.dtype == tl.float32:
+        return tl.math.div_rn(total, tl.zeros_like(total) + N)
+    return total / N  # fp64's division is IEEE already
+
+
 @autotune([triton.Config({}, num_warps=w) for w in (1, 2, 4, 8, 16)], key=["N", "BLOCK_N"], default=2)
 @triton.jit
 def row_norm_fwd_kernel(
@@ -77,13 +86,13 @@ def row_norm_fwd_kernel(
         for start in range(0, N, BLOCK_N):
             c = start + cols
             acc += tl.load(x_row + c * stride_xn, mask=c < N, other=0.0).to(ACC)
-        mean = tl.sum(acc, axis=0) / N
+        mean = _row_mean(tl.sum(acc, axis=0), N)
     acc = tl.zeros([BLOCK_N], ACC)
     for start in range(0, N, BLOCK_N):
         c = start + cols
         d = tl.where(c < N, tl.load(x_row + c * stride_xn, mask=c < N, other=0.0).to(ACC) - mean, 0.0)
         acc += d * d
-    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / N + eps)
+    rstd = 1.0 / tl.sqrt(_row_mean(tl.sum(acc, axis=0), N) + eps)
     tl.store(mean_ptr + row, mean)
     tl.store(rstd_ptr + row, rstd)
     for start in range(0, N, BLOCK_N):
@@ -130,8 +139,8 @@ def row_norm_bwd_kernel(
                     xhat = (tl.load(x_row + c * stride_xn, mask=m, other=0.0).to(ACC) - mean) * rstd
                     acc_g += g
                     acc_gx += tl.where(m, g * xhat, 0.0)
-                mean_g = tl.sum(acc_g, axis=0) / N
-                mean_gx = tl.sum(acc_gx, axis=0) / N
+                mean_g = _row_mean(tl.sum(acc_g, axis=0), N)
+                mean_gx = _row_mean(tl.sum(acc_gx, axis=0), N)
                 if RMS:
                     mean_g = 0.0
             for start in range(0, N, BLOCK_N):
@@ -181,9 +190,9 @@ def row_norm_fwd_tile_kernel(
         mean = tl.zeros([BLOCK_M], ACC)
         d = x
     else:
-        mean = tl.sum(x, axis=1) / N
+        mean = _row_mean(tl.sum(x, axis=1), N)
         d = tl.where(m, x - mean[:, None], 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / N + eps)
+    rstd = 1.0 / tl.sqrt(_row_mean(tl.sum(d * d, axis=1), N) + eps)
     tl.store(mean_ptr + rows64, mean, mask=row_ok)
     tl.store(rstd_ptr + rows64, rstd, mask=row_ok)
     y = d * rstd[:, None]
@@ -234,11 +243,11 @@ def row_norm_bwd_tile_kernel(
             if HAS_W:
                 g = gy * w[None, :]
             # the two row means of the gx formula: mean(g) (not for rms_norm) and mean(g * xhat)
-            mean_gx = tl.sum(g * xhat, axis=1) / N
+            mean_gx = _row_mean(tl.sum(g * xhat, axis=1), N)
             if RMS:
                 gx = rstd[:, None] * (g - xhat * mean_gx[:, None])
             else:
-                mean_g = tl.sum(g, axis=1) / N
+                mean_g = _row_mean(tl.sum(g, axis=1), N)
                 gx = rstd[:, None] * (g - mean_g[:, None] - xhat * mean_gx[:, None])
             if HAS_GS:
                 gs = tl.load(gs_ptr + rows64[:, None] * stride_gsm + cols[None, :] * stride_gsn, mask=m, other=0.0)
