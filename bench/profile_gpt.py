@@ -1,6 +1,6 @@
 """Where a GPT training step's GPU time goes: ge2's kernels and torch's side by side (torch.profiler).
 
-    PYTHONPATH=. python3 bench/profile_gpt.py [--model gpt-char|gpt2-small] [--steps 3] [--rows 25]
+    PYTHONPATH=. python3 bench/profile_gpt.py [--model gpt-char|gpt2-small] [--steps 3] [--rows 25] [--host]
 
 Runs bench_train's GPT step (bf16 autocast, AdamW) eagerly on both sides, after warm-up, under
 ``torch.profiler`` and prints each side's kernels by total GPU time per step (kernel name, calls
@@ -48,11 +48,37 @@ def show(title: str, rows, n: int) -> None:
         print(f"{ms:7.3f} {100 * ms / total:5.1f}% {c:5d}  {name}")
 
 
+def host_profile(step, steps: int, rows: int) -> None:
+    """Host time per eager step (wall clock with the GPU kept busy) and cProfile's functions by own time."""
+    import cProfile
+    import pstats
+    import time
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    host = (time.perf_counter() - t0) / steps
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / steps
+    print(f"\nge2 eager step: host {1e3 * host:.2f} ms per step (to the last launch), wall {1e3 * wall:.2f} ms")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof)
+    stats.sort_stats("tottime").print_stats(rows)
+    stats.sort_stats("cumulative").print_stats(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=sorted(GPT_CONFIGS), default="gpt2-small")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rows", type=int, default=25)
+    ap.add_argument("--host", action="store_true", help="also ge2's host time per eager step and a cProfile table")
     args = ap.parse_args()
     cfg, batch = GPT_CONFIGS[args.model]
     ref, mine = gpt_pair(cfg)
@@ -82,6 +108,8 @@ def main() -> None:
     torch.cuda.synchronize()
     show(f"ge2 {args.model}", kernel_table(ge2_step, args.steps), args.rows)
     show(f"torch {args.model}", kernel_table(torch_step, args.steps), args.rows)
+    if args.host:
+        host_profile(ge2_step, args.steps, 2 * args.rows)
 
 
 if __name__ == "__main__":
