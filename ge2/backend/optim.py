@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 
 import torch
 
@@ -32,6 +33,25 @@ from ge2.backend.schema import Schema, TensorArg, dtype_name, shape_str
 from ge2.kernels import optim as K
 
 HYPER = TensorArg("hyper", (torch.float64,), ndim=(2,))
+_SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
+
+
+def _lists_ok(hyper, params, grads, states: dict, group_ids) -> bool:
+    """Every check of ``_check_lists`` at once, as C-level maps over the lists (this runs on every
+    optimizer step's host path); False sends the caller to the loop that names the culprit."""
+    shapes = list(map(_SHAPE, params))
+    if shapes != list(map(_SHAPE, grads)) or list(map(_DTYPE, params)) != list(map(_DTYPE, grads)):
+        return False
+    tensors = [*params, *grads]
+    for seq in states.values():
+        if seq is None:
+            continue
+        if any(s is None for s in seq) or list(map(_SHAPE, seq)) != shapes or set(map(_DTYPE, seq)) != {torch.float32}:
+            return False
+        tensors += seq
+    return (all(map(torch.Tensor.is_contiguous, tensors))
+            and set(map(torch.Tensor.get_device, tensors)) == {hyper.get_device()}
+            and (not group_ids or (min(group_ids) >= 0 and max(group_ids) < hyper.shape[0])))
 
 
 def _check_lists(op: str, hyper, params, grads, states: dict, group_ids) -> None:
@@ -42,6 +62,8 @@ def _check_lists(op: str, hyper, params, grads, states: dict, group_ids) -> None
     for name, seq in lists.items():
         if seq is not None and len(seq) != n:
             raise ValueError(f"{op}: {name} has {len(seq)} entries but params has {n}")
+    if _lists_ok(hyper, params, grads, states, group_ids):
+        return
     for i, (p, g) in enumerate(zip(params, grads)):
         if tuple(g.shape) != tuple(p.shape) or g.dtype != p.dtype:
             raise ValueError(f"{op}: grads[{i}] is {shape_str(g.shape)} {dtype_name(g.dtype)} but params[{i}] is "

@@ -39,20 +39,22 @@ LR_DECAY = 10  # Adagrad
 HYPER_SLOTS = 16
 
 TABLE_COLS = 6  # param, grad, state1, state2 addresses, numel, group
-BLOCK = 1024  # elements a program updates per loop step
-MAX_CHUNK = 65536  # elements per program (one chunk-table row) at most
-PROGRAMS_PER_SM = 8  # chunks shrink (to BLOCK at least) until a launch has about this many programs per SM
+BLOCK = 4096  # elements a program updates per loop step
+MAX_CHUNK = 16384  # elements per program (one chunk-table row) at most
+PROGRAMS_PER_SM = 16  # chunks shrink (to BLOCK at least) until a launch has about this many programs per SM
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16,
               torch.float64: tl.float64}
 
 
 # One fixed config, no autotuning: the updates write in place, and tuning re-runs a kernel to time
-# it (every re-run would apply the update again). They are memory-bound streams; 4 warps on 1024
-# elements give each thread 8 contiguous elements (two 16-byte accesses per fp32 tensor). A program
-# sweeps a chunk of up to MAX_CHUNK elements, so its two dependent table loads (chunk row, then
-# tensor row) are paid once per chunk, not once per 1024 elements.
-NUM_WARPS = 4
+# it (every re-run would apply the update again). They are memory-bound streams; 8 warps on 4096
+# elements give each thread 16 contiguous elements (four 16-byte accesses per fp32 tensor in
+# flight). A program sweeps a chunk of up to MAX_CHUNK elements, so its two dependent table loads
+# (chunk row, then tensor row) are paid once per chunk. Chosen by ``bench_nn.py --sweep`` on the
+# H100 (bench/results/nn_sweep.json): block 1024..4096, 4 or 8 warps, chunks of 16K or 64K, 4..16
+# programs per SM; this one was within 1% of the best for AdamW and SGD at 85M and 10.7M parameters.
+NUM_WARPS = 8
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,19 +322,26 @@ def lion_kernel(table_ptr, chunks_ptr, hyper_ptr, scale_ptr, found_ptr, HYPER_SL
 
 
 @triton.jit
+def _unscale_block(g_ptr, offs, mask, scale_ptr, bad, WRITE: tl.constexpr, DTYPE: tl.constexpr):
+    g = _ld(g_ptr + offs, mask)
+    # the check reads the scaled gradient, as torch's does; NaN fails the comparison too
+    bad = tl.maximum(bad, (~(tl.abs(g) <= 3.4028234663852886e38)).to(tl.int32))
+    if WRITE:
+        tl.store(g_ptr + offs, _unscaled(g, scale_ptr, True).to(DTYPE), mask=mask)
+    return bad
+
+
+@triton.jit
 def amp_unscale_kernel(table_ptr, chunks_ptr, scale_ptr, found_ptr, total_ptr, DTYPE: tl.constexpr,
                        WRITE: tl.constexpr, ALIGNED: tl.constexpr, BLOCK: tl.constexpr):
     """found = total = 1 if this chunk of gradients holds an inf or NaN; WRITE: g /= loss scale in place."""
     _p, g_ptr, _s1, _s2, start, end, _group = _chunk(table_ptr, chunks_ptr, DTYPE, ALIGNED)
     bad = tl.zeros([BLOCK], tl.int32)
-    for b in range(start, end, BLOCK):
-        offs = b + tl.arange(0, BLOCK)
-        mask = offs < end
-        g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        # the check reads the scaled gradient, as torch's does; NaN fails the comparison too
-        bad = tl.maximum(bad, (~(tl.abs(g) <= 3.4028234663852886e38)).to(tl.int32))
-        if WRITE:
-            tl.store(g_ptr + offs, _unscaled(g, scale_ptr, True).to(DTYPE), mask=mask)
+    full = (end - start) // BLOCK
+    for i in range(0, full):
+        bad = _unscale_block(g_ptr, start + i * BLOCK + tl.arange(0, BLOCK), None, scale_ptr, bad, WRITE, DTYPE)
+    offs = start + full * BLOCK + tl.arange(0, BLOCK)
+    bad = _unscale_block(g_ptr, offs, offs < end, scale_ptr, bad, WRITE, DTYPE)
     bad = tl.max(bad, axis=0) > 0
     # every program that finds one stores the same 1.0: racing plain stores agree, no atomics needed
     tl.store(found_ptr, 1.0, mask=bad)
@@ -356,18 +365,23 @@ def amp_update_scale_kernel(scale_ptr, tracker_ptr, found_ptr, growth_factor, ba
 
 
 @triton.jit
+def _norm_block(acc, g, INF_NORM: tl.constexpr):
+    if INF_NORM:
+        return tl.maximum(acc, tl.abs(g))
+    return acc + g * g
+
+
+@triton.jit
 def grad_norm_partial_kernel(table_ptr, chunks_ptr, partial_ptr, DTYPE: tl.constexpr, INF_NORM: tl.constexpr,
                              ALIGNED: tl.constexpr, BLOCK: tl.constexpr):
     """partial[chunk] = sum of g^2 (or max |g|) over this program's chunk."""
     _p, g_ptr, _s1, _s2, start, end, _group = _chunk(table_ptr, chunks_ptr, DTYPE, ALIGNED)
     acc = tl.zeros([BLOCK], tl.float32)
-    for b in range(start, end, BLOCK):
-        offs = b + tl.arange(0, BLOCK)
-        g = tl.load(g_ptr + offs, mask=offs < end, other=0.0).to(tl.float32)
-        if INF_NORM:
-            acc = tl.maximum(acc, tl.abs(g))
-        else:
-            acc += g * g
+    full = (end - start) // BLOCK
+    for i in range(0, full):
+        acc = _norm_block(acc, _ld(g_ptr + start + i * BLOCK + tl.arange(0, BLOCK), None), INF_NORM)
+    offs = start + full * BLOCK + tl.arange(0, BLOCK)
+    acc = _norm_block(acc, _ld(g_ptr + offs, offs < end), INF_NORM)
     if INF_NORM:
         tl.store(partial_ptr + tl.program_id(0), tl.max(acc, axis=0))
     else:
@@ -395,27 +409,33 @@ def grad_norm_finish_kernel(partial_ptr, n_partials, norm_ptr, coef_ptr, max_nor
 
 
 @triton.jit
+def _scale_block(g_ptr, offs, mask, coef, DTYPE: tl.constexpr):
+    tl.store(g_ptr + offs, (_ld(g_ptr + offs, mask) * coef).to(DTYPE), mask=mask)
+
+
+@triton.jit
 def scale_grads_kernel(table_ptr, chunks_ptr, coef_ptr, DTYPE: tl.constexpr, ALIGNED: tl.constexpr,
                        BLOCK: tl.constexpr):
     """g *= coef (read on the device: no host sync between the norm and the scaling)."""
     _p, g_ptr, _s1, _s2, start, end, _group = _chunk(table_ptr, chunks_ptr, DTYPE, ALIGNED)
     coef = tl.load(coef_ptr)
-    for b in range(start, end, BLOCK):
-        offs = b + tl.arange(0, BLOCK)
-        g = tl.load(g_ptr + offs, mask=offs < end, other=0.0).to(tl.float32)
-        tl.store(g_ptr + offs, (g * coef).to(DTYPE), mask=offs < end)
+    full = (end - start) // BLOCK
+    for i in range(0, full):
+        _scale_block(g_ptr, start + i * BLOCK + tl.arange(0, BLOCK), None, coef, DTYPE)
+    offs = start + full * BLOCK + tl.arange(0, BLOCK)
+    _scale_block(g_ptr, offs, offs < end, coef, DTYPE)
 
 
 # ---------------------------------------------------------------------------------------------
 # tables
 # ---------------------------------------------------------------------------------------------
-_TABLE_CACHE: dict[tuple, torch.Tensor] = {}
+_TABLE_CACHE: dict[tuple, tuple[torch.Tensor, bool]] = {}
 _CHUNK_CACHE: dict[tuple, tuple[torch.Tensor, int]] = {}
 _CACHE_SIZE = 64
 
 
-def _addr(t: torch.Tensor | None) -> int:
-    return t.data_ptr() if t is not None else 0
+def _addrs(ts) -> tuple[int, ...]:
+    return tuple([t.data_ptr() if t is not None else 0 for t in ts])
 
 
 def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -453,14 +473,21 @@ def tensor_table(params, grads, states1, states2, groups) -> tuple[torch.Tensor,
     (T rows) changes whenever a gradient lands at a new address, which in eager training is most
     steps. ``aligned``: every address is a multiple of 16 bytes (torch's allocations are; a view at
     an odd offset, e.g. a gradient inside a flat bucket, is not), so the kernels may use 16-byte
-    vector accesses.
+    vector accesses. The key is a few flat tuples, hashed in C: this runs on every step's host path.
     """
-    rows = tuple((_addr(p), _addr(g), _addr(s1), _addr(s2), g.numel(), grp)
-                 for p, g, s1, s2, grp in zip(params, grads, states1, states2, groups))
+    columns = (_addrs(params), _addrs(grads), _addrs(states1), _addrs(states2))
+    sizes = tuple([g.numel() for g in grads])
     device = grads[0].device
-    table = _cached(_TABLE_CACHE, (device, rows),
-                    lambda: _to_device(torch.tensor([list(r) for r in rows], dtype=torch.int64), device))
-    sizes = tuple(r[4] for r in rows)
+
+    def build():
+        rows = [list(r) for r in zip(*columns, sizes, groups)]
+        everything = 0
+        for column in columns:
+            for a in column:
+                everything |= a
+        return _to_device(torch.tensor(rows, dtype=torch.int64), device), everything % 16 == 0
+
+    table, aligned = _cached(_TABLE_CACHE, (device, *columns, tuple(groups)), build)
 
     def chunks():
         step = _chunk_size(sum(sizes), device)
@@ -470,11 +497,14 @@ def tensor_table(params, grads, states1, states2, groups) -> tuple[torch.Tensor,
     chunk_t, n = _cached(_CHUNK_CACHE, (device, sizes, BLOCK, MAX_CHUNK, PROGRAMS_PER_SM), chunks)
     graphs.keep_alive(table)  # while capturing: the graph reads them even after the caches drop them
     graphs.keep_alive(chunk_t)
-    aligned = all(a % 16 == 0 for r in rows for a in r[:4])
     return table, chunk_t, n, aligned
 
 
-def _by_dtype(grads) -> dict[torch.dtype, list[int]]:
+def _by_dtype(grads) -> dict[torch.dtype, list[int] | None]:
+    """Indices of the grads of each dtype; None for "all of them" (the usual single dtype: no picking)."""
+    dtypes = {g.dtype for g in grads}
+    if len(dtypes) == 1:
+        return {dtypes.pop(): None}
     out: dict[torch.dtype, list[int]] = {}
     for i, g in enumerate(grads):
         out.setdefault(g.dtype, []).append(i)
@@ -482,7 +512,7 @@ def _by_dtype(grads) -> dict[torch.dtype, list[int]]:
 
 
 def _pick(seq, idx):
-    return [seq[i] for i in idx]
+    return seq if idx is None else [seq[i] for i in idx]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -505,7 +535,7 @@ def _launch_update(kernel, hyper: torch.Tensor, scale, found_inf, params, grads,
     """prepare(), then one launch of an update kernel per gradient dtype over its (param, grad, state1, state2) rows."""
     prepare(hyper, found_inf)
     amp = _amp_args(hyper, scale, found_inf)
-    absent = [None] * len(params)
+    absent = [None] * len(grads)
     for dtype, idx in _by_dtype(grads).items():
         table, chunks, n, aligned = tensor_table(_pick(params, idx), _pick(grads, idx), _pick(states1 or absent, idx),
                                                  _pick(states2 or absent, idx), _pick(group_ids, idx))
@@ -549,8 +579,12 @@ def lion_step(hyper: torch.Tensor, params, grads, exp_avgs, group_ids, *, scale:
 
 def _grad_tables(grads) -> dict[torch.dtype, tuple[torch.Tensor, torch.Tensor, int, bool]]:
     """tensor_table of the gradients alone, per dtype."""
-    return {dt: tensor_table([None] * len(idx), _pick(grads, idx), [None] * len(idx), [None] * len(idx), [0] * len(idx))
-            for dt, idx in _by_dtype(grads).items()}
+    tables = {}
+    for dt, idx in _by_dtype(grads).items():
+        picked = _pick(grads, idx)
+        absent = [None] * len(picked)
+        tables[dt] = tensor_table(absent, picked, absent, absent, [0] * len(picked))
+    return tables
 
 
 def amp_unscale_(scale: torch.Tensor, grads, found_inf: torch.Tensor, found_total: torch.Tensor, *,

@@ -20,8 +20,8 @@ class Adam(Optimizer):
 
     def _update(self, hyper, params, grads, groups, **amp) -> None:
         backend.call("adam_step", hyper, params=[p.data for p in params], grads=grads,
-                     exp_avgs=[self._state_tensor(p, "exp_avg") for p in params],
-                     exp_avg_sqs=[self._state_tensor(p, "exp_avg_sq") for p in params],
+                     exp_avgs=self._states(params, "exp_avg"),
+                     exp_avg_sqs=self._states(params, "exp_avg_sq"),
                      group_ids=groups, decoupled=self._decoupled, **amp)
 
 

@@ -141,6 +141,14 @@ class Optimizer:
                 groups.append(gi)
         return params, grads, groups
 
+    def _states(self, params: list[Tensor], key: str) -> list[torch.Tensor]:
+        """The state tensor ``key`` of each parameter (created fp32 zeros where missing)."""
+        state = self.state
+        try:
+            return [state[p][key] for p in params]
+        except KeyError:
+            return [self._state_tensor(p, key) for p in params]
+
     def _state_tensor(self, p: Tensor, key: str) -> torch.Tensor:
         st = self.state.setdefault(p, {})
         if key not in st:

@@ -23,9 +23,9 @@ class RMSprop(Optimizer):
         self._has_momentum = any(g["momentum"] != 0 for g in self.param_groups)
 
     def _update(self, hyper, params, grads, groups, **amp) -> None:
-        bufs = [self._state_tensor(p, "momentum_buffer") for p in params] if self._has_momentum else None
+        bufs = self._states(params, "momentum_buffer") if self._has_momentum else None
         backend.call("rmsprop_step", hyper, params=[p.data for p in params], grads=grads,
-                     square_avgs=[self._state_tensor(p, "square_avg") for p in params], momentum_buffers=bufs,
+                     square_avgs=self._states(params, "square_avg"), momentum_buffers=bufs,
                      group_ids=groups, has_momentum=self._has_momentum, **amp)
 
 
@@ -62,4 +62,4 @@ class Lion(Optimizer):
 
     def _update(self, hyper, params, grads, groups, **amp) -> None:
         backend.call("lion_step", hyper, params=[p.data for p in params], grads=grads,
-                     exp_avgs=[self._state_tensor(p, "exp_avg") for p in params], group_ids=groups, **amp)
+                     exp_avgs=self._states(params, "exp_avg"), group_ids=groups, **amp)

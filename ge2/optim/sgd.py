@@ -26,6 +26,6 @@ class SGD(Optimizer):
         self._nesterov = any(g["nesterov"] for g in self.param_groups)
 
     def _update(self, hyper, params, grads, groups, **amp) -> None:
-        bufs = [self._state_tensor(p, "momentum_buffer") for p in params] if self._has_momentum else None
+        bufs = self._states(params, "momentum_buffer") if self._has_momentum else None
         backend.call("sgd_step", hyper, params=[p.data for p in params], grads=grads, momentum_buffers=bufs,
                      group_ids=groups, has_momentum=self._has_momentum, nesterov=self._nesterov, **amp)
