@@ -29,7 +29,7 @@ each lane then writes its MERGE_SEQ outputs by taking the smaller head of the tw
 and the draw without replacement cap every run at k: a tile keeps only its k best and a merge
 writes only the first k of each merged pair.
 
-**Radix select.** For 8 <= k <= 4096 out of rows longer than a tile (packed keys), the first k
+**Radix select.** For SELECT_MIN_K <= k <= 4096 out of rows longer than a tile (packed keys), the first k
 are found without sorting the row: (key + 2^31) << IB | index is one non-negative number per
 element, unique; pass p histograms its digit p (8 bits from the top) over the elements whose
 higher digits equal the prefix chosen so far (every program replays the earlier choices from the
@@ -61,7 +61,9 @@ BLOCK = 1024      # elements per program of the merge, gather and scatter passes
 MERGE_BLOCK = 1024  # outputs per program of the merge-path merge of packed keys (a power of two)
 # Radix select (topk/kthvalue/draws of k in [SELECT_MIN_K, SELECT_MAX_K] out of rows longer than a
 # tile): 8-bit digit histograms find the k-th key, the k selected are then sorted in one tl.sort.
-SELECT_MIN_K, SELECT_MAX_K = 8, 4096
+# H100, rows of 32k/128k fp32: the select took 0.34-0.40 ms at any k, the capped merges 0.19 ms at
+# k = 50 and 0.47 ms at k = 1024 (bench/results/sort_variants.txt); 512 is between, not measured.
+SELECT_MIN_K, SELECT_MAX_K = 512, 4096
 SELECT_BLOCK = 4096  # elements per program of the select passes
 # Pass 0 counts every element (tl.histogram: per-program counts, 256 atomics); later passes count
 # only the few elements under the prefix, by masked atomics (tl.histogram's cost does not shrink
@@ -300,7 +302,8 @@ def sorted_rows(x2: torch.Tensor, descending: bool, cap: int | None = None) -> t
     index = keys if packed else torch.empty((M, L), dtype=torch.int32, device=x2.device)
     # Short rows share a program (ROWS of them) so that a program sorts about TILE elements.
     rows = min((TILE // tile) if packed else (RANK_TILE**2 // tile**2), triton.next_power_of_2(M))
-    common = dict(DESCENDING=bool(descending), ROWS=rows, TILE=tile, CAP=kept, num_warps=TILE_WARPS or (8 if tile * rows >= 512 else 4))
+    common = dict(DESCENDING=bool(descending), ROWS=rows, TILE=tile, CAP=kept,
+                  num_warps=TILE_WARPS or (8 if tile * rows >= 512 else 4))
     grid = (cdiv(M, rows), cdiv(N, tile))  # rows on axis 0: it takes 2**31 - 1 programs, axis 1 65535
     if packed:
         _tile_sort_kernel[grid](x2, keys, index, M, N, L, x2.stride(0), x2.stride(1),
