@@ -40,6 +40,9 @@ from ge2.kernels.softmax import compute_dtype
 from ge2.runtime import autotune, cdiv
 
 MAX_BLOCK_N = 4096  # row chunk; longer rows are swept in chunks of this size
+# Tiles of 2048-8192 elements and 1-4 backward programs per SM were swept on the H100 at 8192x4096,
+# 16384x384 and 8192x768 bf16 (bench_nn.py --sweep, bench/results/nn_sweep.json): 4096 / 2 was the
+# best or within 4% at each; more programs mean more partial rows to write and sum.
 TILE = 4096  # elements per program tile when rows fit one chunk (BLOCK_M = TILE // BLOCK_N rows)
 BWD_PROGRAMS_PER_SM = 2  # backward, rows that fit one tile: persistent programs per SM
 ROWS_PER_PROGRAM = 32  # backward, longer rows: rows sharing one partial-sum row for dw/db
