@@ -697,8 +697,6 @@ class CapturedStep:
         return static
 
     def _capture(self, items: list[_Arg], warm: _Warm) -> tuple[_Graph, tuple[tuple, str]]:
-        from ge2.autograd.tensor import Tensor
-
         static = self._static_buffers(items, fill=False)
         for opt in self._optimizers.values():
             opt._sync_hyper()  # hyper-parameters set since the warm-up are written before, not inside
