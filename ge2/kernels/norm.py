@@ -137,8 +137,8 @@ def row_norm_bwd_kernel(
                     c = start + cols
                     m = c < N
                     g = tl.load(gy_row + c * stride_gn, mask=m, other=0.0).to(ACC)
-                    if HAS_W:
-                        g = g * tl.load(w_ptr + c, mask=m, other=0.0).to(ACC)
+                    if HAS_W:  # a select after the product: no fma contraction (see the tile kernel)
+                        g = tl.where(m, g * tl.load(w_ptr + c, mask=m, other=0.0).to(ACC), 0.0)
                     xhat = (tl.load(x_row + c * stride_xn, mask=m, other=0.0).to(ACC) - mean) * rstd
                     acc_g += g
                     acc_gx += tl.where(m, g * xhat, 0.0)
@@ -154,7 +154,7 @@ def row_norm_bwd_kernel(
                 if NEED_X:
                     g = gy
                     if HAS_W:
-                        g = g * tl.load(w_ptr + c, mask=m, other=0.0).to(ACC)
+                        g = tl.where(m, g * tl.load(w_ptr + c, mask=m, other=0.0).to(ACC), 0.0)
                     gx = rstd * (g - mean_g - xhat * mean_gx)
                     tl.store(gx_ptr + row64 * stride_gxm + c, gx.to(gx_ptr.dtype.element_ty), mask=m)
                 if NEED_W:
@@ -244,7 +244,9 @@ def row_norm_bwd_tile_kernel(
         if NEED_X:
             g = gy
             if HAS_W:
-                g = gy * w[None, :]
+                # the select keeps LLVM from contracting g - mean(g) below into an fma with the unrounded
+                # product: a one-element row would then give rstd * its rounding error instead of 0
+                g = tl.where(m, gy * w[None, :], 0.0)
             # the two row means of the gx formula: mean(g) (not for rms_norm) and mean(g * xhat)
             mean_gx = _row_mean(tl.sum(g * xhat, axis=1), N)
             if RMS:
