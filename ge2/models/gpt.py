@@ -7,7 +7,11 @@ token + position embeddings -> dropout -> n_layer pre-LN blocks
   (``view`` + ``unbind`` + ``transpose``, no copy), read directly by the flash kernels through
   ``scaled_dot_product_attention(..., is_causal=True)``, which write [B, T, nh, hs] so merging the
   heads for ``c_proj`` is a view.
+  Their gradients land as slices of one buffer laid out like c_attn's output, so c_attn's gradient
+  is a view (no stack copy).
 - MLP: ``c_fc`` with the exact (erf) gelu fused into the GEMM's epilogue (torch's ``nn.GELU()``).
+- Residual stream: each residual add runs fused with the LayerNorm after it
+  (``LayerNorm.add_forward``); under autocast the norm writes the bf16 copy the next GEMM reads.
 - Loss: ``linear_cross_entropy`` over ``lm_head``'s (= ``wte``'s) weight in row chunks, so the
   [B*T, V] logits never exist while training.
 - Weight tying: ``lm_head.weight`` *is* ``transformer.wte.weight`` (one Parameter, listed once by
