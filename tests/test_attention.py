@@ -150,6 +150,42 @@ def test_output_layout_merges_heads_for_free():
     assert o.transpose(1, 2).data.is_contiguous()
 
 
+@TRITON
+def test_packed_qkv_gradient_is_one_buffer():
+    """unbind of a packed projection -> attention: the projection's gradient is the one buffer the attention
+    backward wrote (no stack copy), equal to torch autograd's; other layouts keep separate buffers."""
+    from ge2 import runtime
+
+    B, L, H, E = 2, 9, 3, 8
+    x64 = randn(B, L, 3 * H * E, dtype=torch.float64, seed=21)
+    g64 = randn(B, L, H * E, dtype=torch.float64, seed=22)
+    outs = {}
+    for kind, dt in (("ge2", torch.float32), ("torch", torch.float32), ("ref", torch.float64)):
+        if kind == "ge2":
+            x = ge2.from_torch(x64.to(dt).clone(), requires_grad=True)
+            q, k, v = (t.transpose(1, 2) for t in ge2.unbind(x.view(B, L, 3, H, E), 2))
+            assert runtime.packed_layout((q.data, k.data, v.data)) == ([3, B, H, L, E],
+                                                                        [H * E, L * 3 * H * E, E, 3 * H * E, 1])
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, L, H * E)
+            y.backward(ge2.from_torch(g64.to(dt)))
+            grad = x.grad.data
+        else:
+            x = x64.to(dt).clone().requires_grad_()
+            q, k, v = (t.transpose(1, 2) for t in x.view(B, L, 3, H, E).unbind(2))
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y.transpose(1, 2).reshape(B, L, H * E).backward(g64.to(dt))
+            grad = x.grad
+        outs[kind] = grad
+    assert_matches(outs["ge2"], outs["ref"], outs["torch"], name="packed qkv gradient")
+    buf = x64.to(torch.float32).view(B, L, 3, H, E)
+    q, k, v = (buf[:, :, i].transpose(1, 2) for i in range(3))
+    assert runtime.packed_layout((q, q, q)) is None  # one tensor three times: shared elements
+    assert runtime.packed_layout((q, v, k)) is None  # offsets not evenly spaced in order
+    assert runtime.packed_layout((q, k.contiguous(), v)) is None  # another storage
+    halves = x64.to(torch.float32).view(B, L, 2, -1)  # slices that overlap: [:, :, 0, :k] and [:, :, 0, 1:k+1]
+    assert runtime.packed_layout((halves[..., 0, :5], halves[..., 0, 1:6])) is None
+
+
 # ---------------------------------------------------------------------------------------------
 # masks
 # ---------------------------------------------------------------------------------------------
