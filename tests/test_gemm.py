@@ -250,6 +250,25 @@ def test_backward_matches_torch_backend_and_is_deterministic():
         assert rel_error(x, w) <= 1e-5, label
 
 
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_backward_db_dtype_writes_the_fp32_weight_gradient(trans_b):
+    """bf16 operands, db_dtype=float32 (an autocast weight's gradient): db leaves the fp32 accumulator unrounded,
+    at least as close to float64 as torch's bf16 gradient rounded up, and da keeps a's dtype."""
+    M, N, K = (1000, 300, 200) if LARGE else (33, 20, 17)
+    a64, gy64 = randn(M, K, dtype=torch.float64, seed=5), randn(M, N, dtype=torch.float64, seed=6)
+    b64 = randn(N, K, dtype=torch.float64, seed=7) if trans_b else randn(K, N, dtype=torch.float64, seed=7)
+    a, b, gy = (t.to(torch.bfloat16) for t in (a64, b64, gy64))
+    da, db, _, _ = call("gemm_backward", gy, a, b, trans_b=trans_b, db_dtype=torch.float32)
+    assert (da.dtype, db.dtype, tuple(db.shape)) == (torch.bfloat16, torch.float32, tuple(b.shape))
+    ref = a.double().T @ gy.double()  # the exact gradient of the bf16 operands
+    ref = ref.T if trans_b else ref
+    theirs = (a.T @ gy).float()  # torch's bf16 GEMM, then the cast autocast's copy would do
+    assert_matches(db, ref, theirs.T if trans_b else theirs, name="db in fp32")
+    assert rel_error(db, ref) <= 1e-5  # fp32 sums of exact bf16 products: no bf16 rounding of the result
+    with pytest.raises(TypeError, match="gemm_backward: db_dtype must be one of"):
+        call("gemm_backward", gy, a, b, trans_b=trans_b, db_dtype=torch.int32)
+
+
 def test_backward_need_flags_and_scalar_bias_total():
     a, b, bias = randn(6, 4, seed=1), randn(4, 5, seed=2), randn(1, seed=3)
     gy = randn(6, 5, seed=4)
