@@ -264,7 +264,9 @@ def test_backward_db_dtype_writes_the_fp32_weight_gradient(trans_b):
     ref = ref.T if trans_b else ref
     theirs = (a.T @ gy).float()  # torch's bf16 GEMM, then the cast autocast's copy would do
     assert_matches(db, ref, theirs.T if trans_b else theirs, name="db in fp32")
-    assert rel_error(db, ref) <= 1e-5  # fp32 sums of exact bf16 products: no bf16 rounding of the result
+    # fp32 sums of exact bf16 products: ~1e-6 (tensor cores' truncating fp32 adds: up to ~1e-4 at K = 1000);
+    # a result rounded to bf16 on the way would be ~2e-3 off
+    assert rel_error(db, ref) <= 2e-4
     with pytest.raises(TypeError, match="gemm_backward: db_dtype must be one of"):
         call("gemm_backward", gy, a, b, trans_b=trans_b, db_dtype=torch.int32)
 
