@@ -131,18 +131,27 @@ def _copy(t: Any, dtype: torch.dtype) -> Any:
     return to(t, dtype=dtype)
 
 
+def _cacheable(t: Any) -> bool:
+    """A parameter (a leaf that requires grad, not a view) whose casts the region's weight cache keeps."""
+    return state.cache_enabled and t.grad_fn is None and t.requires_grad and t.data._base is None
+
+
+def _cached(t: Any, key: tuple, make: Callable[[], Any]) -> Any:
+    """The cache's copy of t under key, made by ``make`` when missing or when t changed in place since."""
+    hit = state.cache.get(key)
+    # the version check catches an in-place update (an optimizer step) inside the region
+    if hit is not None and hit[0] is t and hit[1] == t._version_counter.value:
+        return hit[2]
+    out = make()
+    state.cache[key] = (t, t._version_counter.value, out)  # holds t: its id stays unique meanwhile
+    return out
+
+
 def _cast(t: Any, dtype: torch.dtype) -> Any:
-    if state.cache_enabled and t.grad_fn is None and t.requires_grad and t.data._base is None:
+    if _cacheable(t):
         from ge2.autograd import grad_mode
 
-        key = (id(t), dtype, grad_mode.is_grad_enabled())
-        hit = state.cache.get(key)
-        # the version check catches an in-place update (an optimizer step) inside the region
-        if hit is not None and hit[0] is t and hit[1] == t._version_counter.value:
-            return hit[2]
-        out = _copy(t, dtype)
-        state.cache[key] = (t, t._version_counter.value, out)  # holds t: its id stays unique meanwhile
-        return out
+        return _cached(t, (id(t), dtype, grad_mode.is_grad_enabled()), lambda: _copy(t, dtype))
     return _copy(t, dtype)
 
 
@@ -152,16 +161,9 @@ def cached_low_copy(t: Any, like: Any) -> torch.Tensor | None:
     gradient in ``t``'s own dtype itself (``linear``: from the GEMM's fp32 accumulator, so no cast runs
     backward). None where ``cast_low`` would not cache a cast of ``t``: the op then casts as usual."""
     low = _region_dtype((like,))
-    if (low is None or not _is_tensor(t) or t.dtype not in _ELIGIBLE or t.dtype == low or not state.cache_enabled
-            or t.grad_fn is not None or not t.requires_grad or t.data._base is not None):
+    if low is None or not _is_tensor(t) or t.dtype not in _ELIGIBLE or t.dtype == low or not _cacheable(t):
         return None
-    key = (id(t), low, "plain")
-    hit = state.cache.get(key)
-    if hit is not None and hit[0] is t and hit[1] == t._version_counter.value:
-        return hit[2]
-    out = _plain_copy(t, low)
-    state.cache[key] = (t, t._version_counter.value, out)
-    return out
+    return _cached(t, (id(t), low, "plain"), lambda: _plain_copy(t, low))
 
 
 def _plain_copy(t: Any, dtype: torch.dtype) -> torch.Tensor:
