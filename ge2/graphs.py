@@ -221,7 +221,8 @@ class _Launches(launch.Recorder):
         launch had arguments never launched before: a first call compiling and tuning, or a new path),
         "unknown" (launches off the plans)."""
         status = "unknown" if self.unplanned else "new" if self.new_plan else "clean"
-        return tuple((_kernel_name(k), plan.grid, _scalars(plan.values)) for k, plan, _ in self.launches), status
+        return tuple((_kernel_name(k), plan.grid, _scalars(plan.values)) for k, plan, _ in self.launches
+                     if k is not None), status  # not the host steps (launch.host_step)
 
 
 def _kernel_name(kernel: Any) -> str:

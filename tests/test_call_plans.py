@@ -77,23 +77,61 @@ def test_views_with_other_offsets_replay():
         torch.testing.assert_close(out, torch.relu(v), rtol=0, atol=0)
 
 
-def test_the_same_tensor_twice_replays_and_overlapping_inputs_are_not_recorded():
+def test_the_same_tensor_twice_and_overlapping_inputs_replay():
     xs = _fresh(4, 6)
     outs, hits = _calls(lambda x: registry.call("add", x, x), [(x,) for x in xs])
     assert hits == 2
     for out, x in zip(outs, xs):
         torch.testing.assert_close(out, x + x, rtol=0, atol=0)
     assert call_plans.key("add", (xs[0], xs[0]), {}) != call_plans.key("add", (xs[0], xs[1]), {})
-    # overlapping but not the same bytes: refused, and the distinct-input key is untouched by it
-    base = randn(5, 6)
-    for _ in range(4):
-        torch.testing.assert_close(registry.call("add", base[:4], base[1:]), base[:4] + base[1:], rtol=0, atol=0)
-    assert ("add", call_plans.ALIASED) in call_plans.REFUSED
+    # overlapping but not the same bytes (rows 0-3 and 1-4 of one buffer): each kernel argument is
+    # one of the inputs itself, so the plan reads each from its own input, and replays with
+    # disjoint inputs of the same layout reuse it
+    bases = _fresh(5, 6)
+    outs, hits = _calls(lambda b: registry.call("add", b[:4], b[1:]), [(b,) for b in bases])
+    assert hits == 2
+    for out, b in zip(outs, bases):
+        torch.testing.assert_close(out, b[:4] + b[1:], rtol=0, atol=0)
     ys, zs = _fresh(4, 6), _fresh(4, 6)
     outs, hits = _calls(lambda y, z: registry.call("add", y, z), list(zip(ys, zs)))
     assert hits == 2
     for out, y, z in zip(outs, ys, zs):
         torch.testing.assert_close(out, y + z, rtol=0, atol=0)
+
+
+def test_attention_on_interleaved_qkv_slices_replays():
+    """q, k, v as a GPT makes them (slices of one projection's rows): forward and backward replay."""
+    B, L, H, E = 2, 5, 2, 16
+    hits0 = call_plans.STATS["hits"]
+    for _ in range(4):
+        qkv = randn(B, L, 3, H, E)
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+        o, lse = registry.call("attention", q, k, v, scale=0.25, is_causal=True)
+        do = randn(B, H, L, E)
+        dq, dk, dv = registry.call("attention_backward", do, q, k, v, o, lse, scale=0.25, is_causal=True)
+        tq, tk, tv = (t.detach().double().requires_grad_() for t in (q, k, v))
+        ref = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True, scale=0.25)
+        ref.backward(do.double())
+        for mine, want in ((o, ref), (dq, tq.grad), (dk, tk.grad), (dv, tv.grad)):
+            torch.testing.assert_close(mine.double(), want, rtol=1e-4, atol=1e-4)
+    assert call_plans.STATS["hits"] - hits0 == 4  # both ops replayed in calls 3 and 4
+
+
+def test_replayed_calls_still_check_their_indices():
+    """The bad-index check is host work kept in the plan as a host step: a replay with an
+    out-of-range index raises as the full path does (at once on the CPU, deferred on the GPU)."""
+    w = randn(7, 5)
+    hits = call_plans.STATS["hits"]
+    for _ in range(4):
+        idx = torch.randint(0, 7, (3, 4), device=DEVICE)
+        torch.testing.assert_close(registry.call("embedding", idx, w), w[idx], rtol=0, atol=0)
+    assert call_plans.STATS["hits"] - hits == 2
+    bad = torch.randint(0, 7, (3, 4), device=DEVICE)
+    bad[1, 2] = 7
+    assert call_plans.find("embedding", (bad, w), {})[1] is not None  # the next call is a replay
+    with pytest.raises(ValueError, match=r"embedding: 1 index value\(s\) out of range: a table of 7 rows"):
+        registry.call("embedding", bad, w)
+        ge2.check_pending_indices()
 
 
 def test_which_input_an_alias_repeats_is_part_of_the_key():

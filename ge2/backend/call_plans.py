@@ -16,10 +16,11 @@ A recording is kept only when it is provably a function of the key:
   fills are replayed as steps on the new tensors; any other torch op, or a host read, refuses the
   recording);
 * every tensor a kernel (or a torch step) touched lies inside an input, a returned output, or a
-  buffer the op allocated (scratch, reallocated on replay), and inputs do not overlap unless they
-  span the same bytes (x * x: the key says which earlier input shares an input's address, and the
-  kernel arguments are read from that one). A cached buffer the op kept from an earlier call
-  refuses the recording.
+  buffer the op allocated (scratch, reallocated on replay). Inputs may overlap: the same bytes
+  twice (x * x: the key says which earlier input shares an input's address, and the kernel
+  arguments are read from that one), or interleaved slices of one buffer (attention's q, k, v),
+  where a kernel argument must be one of the inputs itself (a view inside several is ambiguous and
+  refuses the recording). A cached buffer the op kept from an earlier call refuses the recording.
 
 Host state that changes between calls without changing the key would make a replay stale; ge2's
 ops keep none (dropout's seed and offset live in a device tensor, advanced by a kernel).
@@ -175,7 +176,8 @@ class CallPlan:
         self.result = result      # returned: ("in", input i) / ("out", source) / ("view", (source, offset, view)) /
         # ("const", v) / (tuple or list, items)
         self.launches = launches  # (kernel, launch plan, values with None in the slots, slots); for a torch
-        # step: (None, "copy" | "fill", fill value, [(source, offset, view) of the destination, of the source])
+        # step: (None, "copy" | "fill", fill value, [(source, offset, view) of the destination, of the source]);
+        # for host work: (None, launch.HOST, fn, [(source, offset, view) of its tensor])
         self.source, self.replay = _compile(self)
         self.native = _native_replay(self)  # the same replay for ge2_native's dispatch, or None
 
@@ -233,7 +235,8 @@ def _compile(plan: CallPlan) -> tuple[str, Callable[[tuple], Any]]:
     env: dict[str, Any] = {"_empty": torch.empty_strided, "_empty_like": torch.empty_like, "_view": _view,
                            "_replay": launch.replay, "_RECORDERS": launch._RECORDERS, "_no_hooks": launch._no_hooks,
                            "_stream": launch._stream, "_device": launch._device, "_Descriptor": _Descriptor,
-                           "_Address": _Address, "_STATS": STATS}
+                           "_Address": _Address, "_STATS": STATS,
+                           "_host_step": launch.host_step}
     if interpreted:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -271,6 +274,9 @@ def _compile(plan: CallPlan) -> tuple[str, Callable[[tuple], Any]]:
         return f"_view(t{src}, {delta}, {const(meta)})"
 
     for kernel, lp, template, slots in plan.launches:
+        if kernel is None and lp == launch.HOST:  # host work on a tensor: launch.host_step again
+            lines.append(f"    _host_step({const(template)}, {view(slots[0])})")
+            continue
         if kernel is None:  # a torch copy or fill
             dst = view(slots[0])
             lines.append(f"    {dst}.copy_({view(slots[1])})" if lp == "copy" else f"    {dst}.fill_({const(template)})")
@@ -339,7 +345,7 @@ def _extent(t: torch.Tensor) -> int:
     return (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
 
 
-ALIASED = "inputs that overlap (other than the same bytes twice)"
+ALIASED = "a kernel argument inside inputs that overlap that is none of them (a view)"
 UNSEEN = "outputs allocated but no launch or torch copy seen (a kernel off the planned launch path)"
 # Refusals that say nothing about the key's next call: they do not count against RECORD_TRIES.
 TRANSIENT = (launch.NEW_PLAN,)
@@ -385,13 +391,11 @@ def _plan(recorder: launch.Recorder, inputs: tuple, out: Any, allocated: list) -
     for i in in_index:
         t = inputs[i]
         span = (t.data_ptr(), t.data_ptr() + _extent(t))
-        if span in ranges:  # the bytes of an earlier input (x * x): source() resolves its addresses to
-            sources.append(t)  # that input, and the key keeps the two aliased on every replay
-            ranges.append(span)
-            continue
-        if not add_source(t):
-            recorder.refuse(ALIASED)  # which input a kernel argument came from would be ambiguous
-            return None
+        # The bytes of an earlier input (x * x: source() resolves its addresses to that input, and the
+        # key keeps the two aliased on every replay), or inputs that overlap (q, k, v: interleaved
+        # slices of one projection): an address inside several inputs is resolved by identity.
+        sources.append(t)
+        ranges.append(span)
     views: list = []
 
     def template(value):
@@ -427,14 +431,18 @@ def _plan(recorder: launch.Recorder, inputs: tuple, out: Any, allocated: list) -
     if any(hi == lo for lo, hi in ranges):
         return None  # an empty tensor has no address to tell it apart
 
-    def source(ptr: int) -> tuple[int, int]:
-        for src, (lo, hi) in enumerate(ranges):
-            if lo <= ptr < hi:
-                return src, ptr - lo
-        raise LookupError
+    def source(ptr: int, t: torch.Tensor | None = None) -> tuple[int, int]:
+        """(source, byte offset) of an address; inside inputs that overlap, only the input itself is."""
+        hits = [src for src, (lo, hi) in enumerate(ranges) if lo <= ptr < hi]
+        if hits and all(ranges[src] == ranges[hits[0]] for src in hits):
+            return hits[0], ptr - ranges[hits[0]][0]
+        for src in hits:
+            if sources[src] is t:
+                return src, 0
+        raise LookupError(ALIASED)
 
     def view_of(t: torch.Tensor) -> tuple:
-        src, delta = source(t.data_ptr())
+        src, delta = source(t.data_ptr(), t)
         if t.device != sources[src].device:  # an address range of another device
             raise LookupError
         return src, delta, (t.shape, t.stride(), t.dtype)
@@ -451,6 +459,10 @@ def _plan(recorder: launch.Recorder, inputs: tuple, out: Any, allocated: list) -
     try:
         result = resolve_views(result)
         for kernel, plan, values in recorder.launches:
+            if kernel is None and plan == launch.HOST:  # host work on a tensor (a deferred check)
+                fn, t = values
+                launches.append((None, launch.HOST, fn, [view_of(t)]))
+                continue
             if kernel is None:  # a torch data step: (func, (args, kwargs, result))
                 func, (args, _kwargs, made) = plan, values
                 dst = made if _DATA_OPS[func][0] == "out" else args[0]
@@ -469,19 +481,21 @@ def _plan(recorder: launch.Recorder, inputs: tuple, out: Any, allocated: list) -
                 v = values[at]
                 tmpl[at] = None
                 if isinstance(v, _Tensor):
-                    src, delta = source(v.data_ptr())
+                    src, delta = source(v.data_ptr(), v)
                     slots.append((at, src, delta, (v.shape, v.stride(), v.dtype) if interpreted else None))
                 elif type(v) is int:  # an address: an inner op's call plan replayed inside this op (GPU)
                     src, delta = source(v)
                     slots.append((at, src, delta, None))
                 else:  # a TMA descriptor (under the interpreter also its base tensor's view, to rebuild it)
-                    src, delta = source(v.base.data_ptr())
+                    src, delta = source(v.base.data_ptr(), v.base)
                     meta = (list(v.shape), list(v.strides), list(v.block_shape), getattr(v, "padding", "zero"))
                     if interpreted:
                         meta += ((v.base.shape, v.base.stride(), v.base.dtype),)
                     slots.append((at, src, delta, meta))
             launches.append((kernel, plan, tmpl, slots))
-    except LookupError:
+    except LookupError as e:
+        if e.args:
+            recorder.refuse(e.args[0])
         return None  # a scratch buffer (or a cached tensor) the replay would not provide
     outputs = [(t.shape, t.stride(), t.dtype, t.device) for t in sources[len(in_index):]]
     # an input whose layout torch.empty_like reproduces (dense, non-overlapping: strides kept)

@@ -562,10 +562,7 @@ def target_stats(op: str, target: torch.Tensor, n_classes: int, *, weight: torch
                  ignore_index: int, inner: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Device [3] of ``dtype`` (fp32, or fp64 for fp64 losses): (sum of w[t] over non-ignored rows, sum(w),
     number of out-of-range targets).
-
-    First raises any out-of-range count an earlier GPU call left pending whose copy has landed.
     """
-    _DEFERRED.poll(target.device)
     stats = torch.empty(3, dtype=dtype, device=target.device)
     t, st_o, st_i = _target_rows(target)
     # a batch's targets in one step where they fit: the one program's loop is a chain of dependent loads

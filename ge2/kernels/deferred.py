@@ -27,16 +27,22 @@ class DeferredCounts:
     def report(self, count: torch.Tensor, message: Callable[[int], str], check: bool | None) -> None:
         """Raise ValueError(message(n)) if the count n is non-zero: now (a CPU tensor, or check=True),
         deferred (a GPU tensor, check=None), never (check=False, or a CUDA graph being captured)."""
-        if check is False or (count.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if check is False:
             return
-        if check or not count.is_cuda:
+        now = bool(check) or not count.is_cuda
+        # host work (a read, or a pinned copy, an event and a queue entry): a call plan keeps it as a
+        # host step and runs it again on each replay's count
+        launch.host_step(lambda c: self._check(c, message, now), count)
+
+    def _check(self, count: torch.Tensor, message: Callable[[int], str], now: bool) -> None:
+        """Raise now, or copy the count to pinned memory behind an event to be raised once it has landed."""
+        if count.is_cuda and torch.cuda.is_current_stream_capturing():  # not checked inside a capture
+            return
+        if now:
             n_bad = int(count.item())
             if n_bad:
                 raise ValueError(message(n_bad))
             return
-        # A call plan must not record this: its replay would copy into a fresh unpinned buffer (a
-        # host sync, and a CUDA-graph capture error) that nobody reads, so the check would be lost.
-        launch._refuse("a deferred bad-input check (host work: a pinned copy, an event, a queue entry)")
         host = next((h for h in self._pinned if h.dtype == count.dtype), None)
         if host is None:
             host = torch.empty(1, dtype=count.dtype, pin_memory=True)
@@ -46,6 +52,7 @@ class DeferredCounts:
         done = torch.cuda.Event()
         done.record()
         self._pending.append((message, host, done))
+        self.poll(count.device)  # an earlier call's count that has landed (a replayed call runs only its host steps)
 
     def poll(self, device: torch.device) -> None:
         """Raise a pending count whose copy has landed, without waiting (not inside a capture: no event query there)."""

@@ -2,8 +2,8 @@
 
 Forward copies row ``weight[idx[i]]`` for each index (one program per (index block, column
 block)). An out-of-range index writes NaN in its row, never reads out of bounds, and counts in
-a device flag that the launcher reads after the launch (one 4-byte host read) to raise a clear
-error. Backward adds each gy row into dweight[idx[i]] with atomics (fp32 accumulation, fp64 for an
+a device flag, raised as a clear error as the indexing ops' counts are (``scatter.report_bad_indices``:
+at once on the CPU or with check=True, on the GPU by default without a host sync, by a later call). Backward adds each gy row into dweight[idx[i]] with atomics (fp32 accumulation, fp64 for an
 fp64 table; order of additions, so the last bits, can vary between GPU runs), skipping ``padding_idx``.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ge2.kernels.scatter import new_counter, report_bad_indices
 from ge2.runtime import cdiv
 
 BLOCK_I = 16
@@ -52,22 +53,18 @@ def embedding_bwd_kernel(idx_ptr, gy_ptr, gw_ptr, n_idx, V, D, padding_idx,
     tl.atomic_add(gw_ptr + tl.where(use, idx, 0)[:, None] * D + cols[None, :], g, mask=m)
 
 
-def embedding(idx: torch.Tensor, weight: torch.Tensor, check: bool = True) -> torch.Tensor:
-    """weight[idx]: idx any int shape, weight [V, D] -> [*idx.shape, D] (contiguous)."""
+def embedding(idx: torch.Tensor, weight: torch.Tensor, check: bool | None = None) -> torch.Tensor:
+    """weight[idx]: idx any int shape, weight [V, D] -> [*idx.shape, D] (contiguous); out-of-range rows NaN."""
     flat = idx.contiguous().view(-1)  # the kernels read the ids packed; a strided view would be misread
     n, (V, D) = flat.numel(), weight.shape
     y = torch.empty((*idx.shape, D), dtype=weight.dtype, device=weight.device)
     if n == 0 or D == 0:
         return y
-    bad = torch.zeros(1, dtype=torch.int32, device=weight.device)
+    bad = new_counter(weight.device)
     bd = _block_d(D)
     embedding_fwd_kernel[(cdiv(n, BLOCK_I), cdiv(D, bd))](
         flat, weight, y, bad, n, V, D, weight.stride(0), weight.stride(1), BLOCK_I=BLOCK_I, BLOCK_D=bd, num_warps=4)
-    if check and not (weight.is_cuda and torch.cuda.is_current_stream_capturing()):
-        count = int(bad.item())
-        if count:
-            raise ValueError(f"embedding: {count} index(es) out of range for a table of {V} rows "
-                             f"(valid: 0..{V - 1}); their rows are NaN")
+    report_bad_indices("embedding", bad, f"a table of {V} rows (valid: 0..{V - 1}); their rows are NaN", check)
     return y
 
 

@@ -259,6 +259,22 @@ class recording:
         _RECORDERS.remove(self.recorder)
 
 
+HOST = "host"  # a recorded host step: (None, HOST, (fn, device tensor)), replayed as fn(the replay's tensor)
+
+
+def host_step(fn, tensor: torch.Tensor) -> None:
+    """Run ``fn(tensor)``, host work on a device tensor the op made (a deferred bad-input check); an
+    active recording keeps it as a step, so a call plan's replay runs it on the replay's tensor."""
+    for recorder in _RECORDERS:
+        recorder.launches.append((None, HOST, (fn, tensor)))
+        recorder.launching = True  # fn's own torch work (a pinned copy) is not the op's
+    try:
+        fn(tensor)
+    finally:
+        for recorder in _RECORDERS:
+            recorder.launching = False
+
+
 def _refuse(why: str) -> None:
     for recorder in _RECORDERS:
         recorder.refuse(why)

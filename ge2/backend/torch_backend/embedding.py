@@ -7,11 +7,11 @@ from ge2.backend.registry import FLOAT_DTYPES, register
 
 
 @register("embedding", "torch", dtypes=(torch.int32, torch.int64))
-def embedding(idx, weight, *, check=True):
+def embedding(idx, weight, *, check=None):
     V = weight.shape[0]
-    bad = int(((idx < 0) | (idx >= V)).sum()) if check else 0
+    bad = int(((idx < 0) | (idx >= V)).sum()) if check is not False else 0
     if bad:
-        raise ValueError(f"embedding: {bad} index(es) out of range for a table of {V} rows (valid: 0..{V - 1}); "
+        raise ValueError(f"embedding: {bad} index value(s) out of range: a table of {V} rows (valid: 0..{V - 1}); "
                          "their rows are NaN")
     return torch.nn.functional.embedding(idx.long(), weight).contiguous()
 
