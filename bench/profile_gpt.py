@@ -62,6 +62,12 @@ def host_profile(step, steps: int, rows: int) -> None:
     torch.cuda.synchronize()
     wall = (time.perf_counter() - t0) / steps
     print(f"\nge2 eager step: host {1e3 * host:.2f} ms per step (to the last launch), wall {1e3 * wall:.2f} ms")
+    from ge2.backend import call_plans
+    from ge2.kernels import launch
+
+    print(f"call plans {call_plans.STATS}, launch plans {launch.STATS}")
+    for (op, why), n in sorted(call_plans.REFUSED.items(), key=lambda kv: -kv[1]):
+        print(f"  refused {n}x {op}: {why}")
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(steps):
