@@ -1,6 +1,6 @@
 """Where a GPT training step's GPU time goes: ge2's kernels and torch's side by side (torch.profiler).
 
-    PYTHONPATH=. python3 bench/profile_gpt.py [--model gpt-char|gpt2-small] [--steps 3] [--rows 25] [--host]
+    PYTHONPATH=. python3 bench/profile_gpt.py [--model gpt-char|gpt2-small] [--steps 3] [--rows 25] [--host] [--compile]
 
 Runs bench_train's GPT step (bf16 autocast, AdamW) eagerly on both sides, after warm-up, under
 ``torch.profiler`` and prints each side's kernels by total GPU time per step (kernel name, calls
@@ -85,6 +85,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rows", type=int, default=25)
     ap.add_argument("--host", action="store_true", help="also ge2's host time per eager step and a cProfile table")
+    ap.add_argument("--compile", action="store_true", help="also torch.compile's step (compiled outside the profile)")
     args = ap.parse_args()
     cfg, batch = GPT_CONFIGS[args.model]
     ref, mine = gpt_pair(cfg)
@@ -114,6 +115,20 @@ def main() -> None:
     torch.cuda.synchronize()
     show(f"ge2 {args.model}", kernel_table(ge2_step, args.steps), args.rows)
     show(f"torch {args.model}", kernel_table(torch_step, args.steps), args.rows)
+    if args.compile:
+        compiled, compiled_opt = torch.compile(ref), ref.configure_optimizer(GPT_LR, fused=True)
+
+        def compiled_step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                _, loss = compiled(x, y)
+            compiled_opt.zero_grad(set_to_none=True)
+            loss.backward()
+            compiled_opt.step()
+
+        for _ in range(3):
+            compiled_step()
+        torch.cuda.synchronize()
+        show(f"torch.compile {args.model}", kernel_table(compiled_step, args.steps), args.rows)
     if args.host:
         host_profile(ge2_step, args.steps, 2 * args.rows)
 
