@@ -15,12 +15,16 @@
   rows (bf16 [16384, 384] and [8192, 768], CUDA-graph replays). Byte floor of layer_norm backward:
   read x and gy, write gx (3 * M * N elements) plus 8 bytes a row of mean/rstd; [8192, 4096] bf16 is
   201 MB, 67 us at 3 TB/s.
-* batch_norm (training) forward at [64, 256, 28, 28] fp32 vs cuDNN: ge2 reduces each channel in one
-  program, so 256 programs for 132 SMs (expected well below torch; see docs/nn.md).
+* batch_norm (training) forward and backward at [64, 256, 28, 28] fp32 vs cuDNN: each channel's
+  reduction is split over several programs (partial sums, then a pass that combines them and
+  normalises). Byte floor of the forward: read x twice, write y (154 MB, 51 us at 3 TB/s); of the
+  backward: read gy and x twice, write gx (257 MB, 86 us).
 * dropout forward at [8192, 8192] (Philox in the kernel; torch draws a mask with its Philox too).
 * embedding forward (gather) and backward (scatter-add) at V=50304, D=1024, 16384 indices.
 
     PYTHONPATH=. python3 bench/bench_nn.py --only optim norm        # some groups of rows
+    PYTHONPATH=. python3 bench/bench_nn.py --bn [--baseline DIR]  # batch_norm only: launch settings, the
+        # baseline's kernels (DIR/norm.py) and torch in one process (bench/results/nn_batch_norm.json)
     PYTHONPATH=. python3 bench/bench_nn.py --sweep [--baseline DIR]  # launch settings of the fused optimizers
         # and the norm tiles side by side (bench/results/nn_sweep.json); DIR holds another checkout's
         # norm.py and optim.py, timed in the same process as "before"
@@ -39,8 +43,8 @@ from ge2.backend import call
 
 PREDICTION = ("memory-bound kernels: expect ge2 AdamW/SGD >= torch fused (chunked sweeps, 16-byte accesses, "
               "~2.8 TB/s), > foreach; layer_norm bwd near its byte floor (x, gy read once, dw/db summed in "
-              "registers), >= torch; norms/dropout/embedding near torch; batch_norm below cuDNN (one program "
-              "per channel)")
+              "registers), >= torch; norms/dropout/embedding near torch; batch_norm fwd/bwd (split reduction, "
+              "x read twice) near 2.8 TB/s on 3 / 5 passes over x: ~55 / ~92 us, >= cuDNN")
 
 
 class Smoke:
@@ -183,6 +187,8 @@ def other_cases(bench, device, small: bool) -> None:
                     ge2=lambda: call("batch_norm", x, w, b, rm, rv, None, training=True, momentum=0.1, eps=1e-5),
                     torch=lambda: TF.batch_norm(x, rm, rv, w, b, training=True))
     _tbps(row, 3 * x.numel() * 4)
+    _batch_norm_bwd_row(bench, {"case": "batch_norm train bwd", "shape": "x".join(map(str, shape))}, x, w, b, rm, rv,
+                        ge2_bwd=None)
     n = 64 if small else 8192
     d = torch.randn(n, n, device=device)
     state = torch.tensor([1234, 0], dtype=torch.int64, device=device)
@@ -201,6 +207,61 @@ def other_cases(bench, device, small: bool) -> None:
     bench.add({"case": "embedding bwd", "shape": f"V={V} D={D} n={n_idx}"},
               ge2=lambda: call("embedding_backward", gy, idx, num_embeddings=V, dtype=torch.float32),
               torch=lambda: torch.autograd.grad(ty, (tt,), gy, retain_graph=True))
+
+
+def _batch_norm_bwd_row(bench, labels, x, w, b, rm, rv, ge2_bwd):
+    """batch_norm backward (training) vs torch autograd; ge2_bwd: a kernels module's batch_norm_bwd (default: call)."""
+    gy = torch.randn(x.shape).to(x.device)
+    _, mean, rstd = call("batch_norm", x, w, b, rm.clone(), rv.clone(), None, training=True, momentum=0.1, eps=1e-5)
+    tx, tw, tb = x.clone().requires_grad_(), w.clone().requires_grad_(), b.clone().requires_grad_()
+    ty = TF.batch_norm(tx, rm.clone(), rv.clone(), tw, tb, training=True)
+    if ge2_bwd is None:
+        fn = lambda: call("batch_norm_backward", gy, x, w, mean, rstd, training=True)  # noqa: E731
+    else:
+        fn = lambda: ge2_bwd(gy, x, w, mean, rstd, training=True, need_x=True)  # noqa: E731
+    row = bench.add(labels, ge2=fn, torch=lambda: torch.autograd.grad(ty, (tx, tw, tb), gy, retain_graph=True))
+    _tbps(row, 3 * x.numel() * x.element_size())
+
+
+def batch_norm_sweep(device, baseline: str | None, small: bool) -> None:
+    """batch_norm fwd/bwd at [64, 256, 28, 28]: the baseline's kernels, each launch setting, torch (one process)."""
+    from bench.harness import Bench
+    from ge2.kernels import norm as KN
+
+    bench = Smoke() if small else Bench("nn_batch_norm")
+    old = _load(os.path.join(baseline, "norm.py"), "norm_before") if baseline else None
+    default = KN.BN_TILE, KN.BN_PROGRAMS_PER_SM, KN.BN_WARPS
+    for shape, dtype, layout in ((((8, 16, 6, 6), torch.float32, "nchw"),) if small else
+                                 (((64, 256, 28, 28), torch.float32, "nchw"), ((64, 256, 28, 28), torch.bfloat16, "nchw"),
+                                  ((64, 256, 28, 28), torch.float32, "nhwc"), ((256, 64, 56, 56), torch.float32, "nchw"),
+                                  ((64, 512, 7, 7), torch.float32, "nchw"), ((8192, 1024), torch.float32, "nchw"))):
+        x = torch.randn(shape).to(device=device, dtype=dtype)
+        if layout == "nhwc":
+            x = x.contiguous(memory_format=torch.channels_last)
+        C = shape[1]
+        w, b = torch.randn(C, device=device), torch.randn(C, device=device)
+        rm, rv = torch.zeros(C, device=device), torch.ones(C, device=device)
+        if dtype != torch.float32:
+            w, b, rm, rv = (t.to(dtype) for t in (w, b, rm, rv))
+        label = {"shape": "x".join(map(str, shape)), "dtype": str(dtype).replace("torch.", ""), "layout": layout}
+        nbytes = 3 * x.numel() * x.element_size()
+        fwd = {"case": "batch_norm train fwd", **label}
+        bwd = {"case": "batch_norm train bwd", **label}
+        if old is not None:
+            _tbps(bench.add({**fwd, "variant": "before"}, ge2=lambda: old.batch_norm_fwd(
+                x, w, b, rm, rv, None, training=True, momentum=0.1, eps=1e-5)), nbytes)
+            _batch_norm_bwd_row(bench, {**bwd, "variant": "before"}, x, w, b, rm, rv, ge2_bwd=old.batch_norm_bwd)
+        settings = [default] if small or shape != (64, 256, 28, 28) or dtype != torch.float32 or layout != "nchw" else [
+            (tile, per_sm, warps) for tile, warps in ((2048, 4), (4096, 4), (4096, 8), (8192, 8)) for per_sm in (4, 8, 16)]
+        for tile, per_sm, warps in settings:
+            KN.BN_TILE, KN.BN_PROGRAMS_PER_SM, KN.BN_WARPS = tile, per_sm, warps
+            variant = {"variant": f"tile {tile} per_sm {per_sm} warps {warps}"}
+            _tbps(bench.add({**fwd, **variant}, ge2=lambda: KN.batch_norm_fwd(
+                x, w, b, rm, rv, None, training=True, momentum=0.1, eps=1e-5),
+                torch=lambda: TF.batch_norm(x, rm, rv, w, b, training=True)), nbytes)
+            _batch_norm_bwd_row(bench, {**bwd, **variant}, x, w, b, rm, rv, ge2_bwd=KN.batch_norm_bwd)
+        KN.BN_TILE, KN.BN_PROGRAMS_PER_SM, KN.BN_WARPS = default
+    bench.report()
 
 
 def _load(path: str, name: str):
@@ -313,8 +374,12 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", choices=GROUPS, default=list(GROUPS), help="groups of rows to run")
     parser.add_argument("--sweep", action="store_true", help="launch settings side by side (nn_sweep.json)")
     parser.add_argument("--baseline", help="with --sweep: a folder with another checkout's norm.py and optim.py")
+    parser.add_argument("--bn", action="store_true", help="batch_norm only (nn_batch_norm.json; --baseline: norm.py)")
     args = parser.parse_args()
     device = ge2.device()
+    if args.bn:
+        batch_norm_sweep(device, args.baseline, small=args.smoke)
+        return
     if args.sweep:
         sweep(device, args.baseline, small=args.smoke)
         return

@@ -23,9 +23,16 @@ adds the G rows. The partials cost 2 * G * N * 4 bytes written and read again, a
 the 3 * M * N elements the kernel must move. Longer rows: each program owns ``ROWS_PER_PROGRAM``
 rows and read-modify-writes its own partial row chunk by chunk.
 
-BatchNorm sees x as [N, C, S] (S = the spatial size, 1 for [N, C]) through strides: one program per
-channel reduces over N * S, updates that channel's running statistics in place (the running
-variance is unbiased, as in torch) and normalises. In eval mode it uses the running statistics.
+BatchNorm sees x as [N, C, S] (S = the spatial size, 1 for [N, C]) through strides, each channel's
+[N, S] plane cut into [BN, BS] tiles of ``BN_TILE`` elements. One channel alone is too little work
+for a program (256 channels on 132 SMs left most of the GPU idle), so each channel's tiles are split
+over SPLIT programs (~``BN_PROGRAMS_PER_SM`` programs per SM in all). Training: ``batch_norm_stats_kernel``
+writes each program's (count, shift, mean - shift, M2) from sums of deviations from its first
+tile's mean, then ``batch_norm_fwd_kernel`` combines a channel's SPLIT partials by Chan's formula
+(in a fixed order: no atomics, deterministic), updates the running statistics in place (unbiased
+running variance, as in torch) and normalises; x is read twice. Eval: the second kernel alone,
+with the running statistics. The backward is the same shape: partial (sum(gy), sum(gy * xhat)),
+then gx.
 """
 from __future__ import annotations
 
@@ -46,11 +53,9 @@ MAX_BLOCK_N = 4096  # row chunk; longer rows are swept in chunks of this size
 TILE = 4096  # elements per program tile when rows fit one chunk (BLOCK_M = TILE // BLOCK_N rows)
 BWD_PROGRAMS_PER_SM = 2  # backward, rows that fit one tile: persistent programs per SM
 ROWS_PER_PROGRAM = 32  # backward, longer rows: rows sharing one partial-sum row for dw/db
-BN_BLOCK = 1024  # batch norm: elements of a channel per chunk
-
-
-def _warps(block: int) -> list[triton.Config]:
-    return [triton.Config({}, num_warps=w) for w in (1, 2, 4, 8, 16) if 32 * w <= max(block, 32)]
+BN_TILE = 4096  # batch norm: elements of a [BN, BS] tile of one channel's [N, S] plane
+BN_PROGRAMS_PER_SM = 8  # batch norm: each channel's tiles split so that the grid has ~this many programs an SM
+BN_WARPS = 8
 
 
 def _fixed_warps(block: int) -> int:
@@ -381,110 +386,216 @@ def row_norm_bwd(gy: torch.Tensor, x: torch.Tensor, n: int, weight: torch.Tensor
 # BatchNorm
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _bn_offsets(i, S, stride_n, stride_s):
-    n = i // S
-    return n.to(tl.int64) * stride_n + (i - n * S).to(tl.int64) * stride_s
+def _bn_tile(t, TS, N, S, stride_n, stride_s, BN: tl.constexpr, BS: tl.constexpr):
+    """Offsets [BN, BS], mask and element count of tile t of one channel's [N, S] plane (TS tiles along S)."""
+    tn = t // TS
+    ts = t - tn * TS
+    n = tn * BN + tl.arange(0, BN)
+    s = ts * BS + tl.arange(0, BS)
+    offs = n.to(tl.int64)[:, None] * stride_n + s.to(tl.int64)[None, :] * stride_s
+    mask = (n < N)[:, None] & (s < S)[None, :]
+    count = tl.minimum(N - tn * BN, BN) * tl.minimum(S - ts * BS, BS)
+    return offs, mask, count
+
+
+@triton.jit
+def _sum2(x):
+    return tl.sum(tl.sum(x, axis=1), axis=0)
+
+
+@triton.jit
+def batch_norm_stats_kernel(
+    x_ptr, part_ptr, N, S, sxn, sxc, sxs, TS, T, TPP, SPLIT,
+    ACC: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr,
+):
+    """Tiles [j * TPP, (j + 1) * TPP) of channel c (program c * SPLIT + j): (count, shift, mean - shift, M2)
+    into part[c, j].
+
+    Shifted sums: the deviations from the first tile's mean are summed, so sum(d^2) - sum(d)^2 / n
+    does not cancel (that shift is within ~std / sqrt(tile) of the mean, whatever |mean| / std is).
+    The mean stays split as shift + offset: rounded to one float it would be off by half an ulp of
+    |mean|, which Chan's between-program term (mean_p - mean)^2 would magnify when |mean| >> std."""
+    pid = tl.program_id(0)
+    c = pid // SPLIT
+    j = pid - c * SPLIT
+    x_c = x_ptr + c.to(tl.int64) * sxc
+    t0 = j * TPP
+    offs, mask, count = _bn_tile(t0, TS, N, S, sxn, sxs, BN, BS)
+    x = tl.load(x_c + offs, mask=mask, other=0.0).to(ACC)
+    shift = _row_mean(_sum2(x), count)
+    d = tl.where(mask, x - shift, 0.0)
+    acc1 = d
+    acc2 = d * d
+    n = count.to(ACC)
+    for t in range(t0 + 1, tl.minimum(t0 + TPP, T)):
+        offs, mask, count = _bn_tile(t, TS, N, S, sxn, sxs, BN, BS)
+        d = tl.where(mask, tl.load(x_c + offs, mask=mask, other=0.0).to(ACC) - shift, 0.0)
+        acc1 += d
+        acc2 += d * d
+        n += count.to(ACC)
+    s1 = _sum2(acc1)
+    p = part_ptr + (c.to(tl.int64) * SPLIT + j) * 4
+    tl.store(p, n)
+    tl.store(p + 1, shift)
+    tl.store(p + 2, _row_mean(s1, n))
+    tl.store(p + 3, tl.maximum(_sum2(acc2) - s1 * _row_mean(s1, n), 0.0))
 
 
 @triton.jit
 def batch_norm_fwd_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, rmean_ptr, rvar_ptr, tracked_ptr, mean_ptr, rstd_ptr,
-    L, S, sxn, sxc, sxs, syn, syc, sys, eps, momentum,
+    x_ptr, w_ptr, b_ptr, y_ptr, rmean_ptr, rvar_ptr, tracked_ptr, mean_ptr, rstd_ptr, part_ptr,
+    N, S, sxn, sxc, sxs, syn, syc, sys, TS, T, TPP, SPLIT, eps, momentum,
     TRAINING: tl.constexpr, UPDATE_RUNNING: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    ACC: tl.constexpr, BLOCK: tl.constexpr,
+    ACC: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
-    """One channel: batch (or running) statistics, running-stat update, y = (x - mean) * rstd * w + b."""
+    """Tiles [j * TPP, (j + 1) * TPP) of channel c: y = (x - mean) * rstd * w + b, the batch statistics
+    combined from part[c, :] (Chan's parallel formula) or the running ones; program j = 0 writes the
+    channel's mean/rstd and updates its running statistics. Programs run in reverse order of the
+    stats kernel's, so the first tiles read were the last it read (still in L2)."""
     eps = _float_arg(eps, ACC)
     momentum = _float_arg(momentum, ACC)
-    c = tl.program_id(0)
-    x_c = x_ptr + c.to(tl.int64) * sxc
-    offs = tl.arange(0, BLOCK)
+    pid = tl.num_programs(0) - 1 - tl.program_id(0)
+    c = pid // SPLIT
+    j = pid - c * SPLIT
+    L = N * S
     if TRAINING:
-        acc = tl.zeros([BLOCK], ACC)
-        for start in range(0, L, BLOCK):
-            i = start + offs
-            acc += tl.load(x_c + _bn_offsets(i, S, sxn, sxs), mask=i < L, other=0.0).to(ACC)
-        mean = tl.sum(acc, axis=0) / L
-        acc = tl.zeros([BLOCK], ACC)
-        for start in range(0, L, BLOCK):
-            i = start + offs
-            d = tl.load(x_c + _bn_offsets(i, S, sxn, sxs), mask=i < L, other=0.0).to(ACC) - mean
-            acc += tl.where(i < L, d * d, 0.0)
-        var = tl.sum(acc, axis=0) / L
+        # Chan's combination in offsets from program 0's shift k: shift_p - k is exact (close floats),
+        # so the offsets keep their own relative precision and the mean is rounded once, at the end
+        p = part_ptr + c.to(tl.int64) * SPLIT * 4 + tl.arange(0, BLOCK_P) * 4
+        pm = tl.arange(0, BLOCK_P) < SPLIT
+        k = tl.load(part_ptr + c.to(tl.int64) * SPLIT * 4 + 1)
+        n_p = tl.load(p, mask=pm, other=0.0)
+        o_p = tl.where(pm, (tl.load(p + 1, mask=pm, other=0.0) - k) + tl.load(p + 2, mask=pm, other=0.0), 0.0)
+        o = _row_mean(tl.sum(n_p * o_p, axis=0), L)
+        do = tl.where(pm, o_p - o, 0.0)
+        var = _row_mean(tl.sum(tl.load(p + 3, mask=pm, other=0.0) + n_p * do * do, axis=0), L)
+        mean = k + o
+        center = k  # y from (x - k) - o: x - k is exact, and no half-ulp of |mean| enters
         if UPDATE_RUNNING:
-            rm = tl.load(rmean_ptr + c).to(ACC)
-            rv = tl.load(rvar_ptr + c).to(ACC)
-            unbiased = var * L / tl.maximum(L - 1, 1)
-            tl.store(rmean_ptr + c, ((1.0 - momentum) * rm + momentum * mean).to(rmean_ptr.dtype.element_ty))
-            tl.store(rvar_ptr + c, ((1.0 - momentum) * rv + momentum * unbiased).to(rvar_ptr.dtype.element_ty))
-            if c == 0:
-                tl.store(tracked_ptr, tl.load(tracked_ptr) + 1)
+            if j == 0:
+                rm = tl.load(rmean_ptr + c).to(ACC)
+                rv = tl.load(rvar_ptr + c).to(ACC)
+                unbiased = var * L / tl.maximum(L - 1, 1)
+                tl.store(rmean_ptr + c, ((1.0 - momentum) * rm + momentum * mean).to(rmean_ptr.dtype.element_ty))
+                tl.store(rvar_ptr + c, ((1.0 - momentum) * rv + momentum * unbiased).to(rvar_ptr.dtype.element_ty))
+                if c == 0:
+                    tl.store(tracked_ptr, tl.load(tracked_ptr) + 1)
     else:
         mean = tl.load(rmean_ptr + c).to(ACC)
         var = tl.load(rvar_ptr + c).to(ACC)
+        center = mean
+        o = 0.0
     rstd = 1.0 / tl.sqrt(var + eps)
-    tl.store(mean_ptr + c, mean)
-    tl.store(rstd_ptr + c, rstd)
+    if j == 0:
+        tl.store(mean_ptr + c, mean)
+        tl.store(rstd_ptr + c, rstd)
+    # (x - mean) * scale + shift, not x * scale + (shift - mean * scale): that adds two terms of size
+    # |mean| * rstd which cancel, losing digits when |mean| >> std
     scale = rstd
-    shift = -mean * rstd
     if HAS_W:
-        w = tl.load(w_ptr + c).to(ACC)
-        scale = scale * w
-        shift = shift * w
+        scale = scale * tl.load(w_ptr + c).to(ACC)
+    shift = 0.0
     if HAS_B:
-        shift = shift + tl.load(b_ptr + c).to(ACC)
+        shift = tl.load(b_ptr + c).to(ACC)
+    x_c = x_ptr + c.to(tl.int64) * sxc
     y_c = y_ptr + c.to(tl.int64) * syc
-    for start in range(0, L, BLOCK):
-        i = start + offs
-        x = tl.load(x_c + _bn_offsets(i, S, sxn, sxs), mask=i < L, other=0.0).to(ACC)
-        tl.store(y_c + _bn_offsets(i, S, syn, sys), (x * scale + shift).to(y_ptr.dtype.element_ty), mask=i < L)
+    t0 = j * TPP
+    for t in range(t0, tl.minimum(t0 + TPP, T)):
+        offs, mask, _ = _bn_tile(t, TS, N, S, sxn, sxs, BN, BS)
+        x = tl.load(x_c + offs, mask=mask, other=0.0).to(ACC)
+        y_offs, _, _ = _bn_tile(t, TS, N, S, syn, sys, BN, BS)
+        tl.store(y_c + y_offs, (((x - center) - o) * scale + shift).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@autotune(_warps(BN_BLOCK), key=["BLOCK", "TRAINING", "NEED_X"], default=2)
 @triton.jit
-def batch_norm_bwd_kernel(
-    gy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, gx_ptr, dw_ptr, db_ptr,
-    L, S, sgn, sgc, sgs, sxn, sxc, sxs, son, soc,
-    TRAINING: tl.constexpr, HAS_W: tl.constexpr, NEED_X: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
+def batch_norm_bwd_sums_kernel(
+    gy_ptr, x_ptr, mean_ptr, rstd_ptr, part_ptr,
+    N, S, sgn, sgc, sgs, sxn, sxc, sxs, TS, T, TPP, SPLIT,
+    ACC: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr,
 ):
-    """One channel: dw = sum(gy * xhat), db = sum(gy), gx (batch statistics: their gradient too)."""
-    c = tl.program_id(0)
+    """Tiles [j * TPP, (j + 1) * TPP) of channel c: (sum(gy), sum(gy * xhat)) into part[c, j]."""
+    pid = tl.program_id(0)
+    c = pid // SPLIT
+    j = pid - c * SPLIT
     g_c = gy_ptr + c.to(tl.int64) * sgc
     x_c = x_ptr + c.to(tl.int64) * sxc
     mean = tl.load(mean_ptr + c)
     rstd = tl.load(rstd_ptr + c)
-    offs = tl.arange(0, BLOCK)
-    acc_g = tl.zeros([BLOCK], ACC)
-    acc_gx = tl.zeros([BLOCK], ACC)
-    for start in range(0, L, BLOCK):
-        i = start + offs
-        g = tl.load(g_c + _bn_offsets(i, S, sgn, sgs), mask=i < L, other=0.0).to(ACC)
-        xhat = (tl.load(x_c + _bn_offsets(i, S, sxn, sxs), mask=i < L, other=0.0).to(ACC) - mean) * rstd
+    acc_g = tl.zeros([BN, BS], ACC)
+    acc_gx = tl.zeros([BN, BS], ACC)
+    t0 = j * TPP
+    for t in range(t0, tl.minimum(t0 + TPP, T)):
+        g_offs, mask, _ = _bn_tile(t, TS, N, S, sgn, sgs, BN, BS)
+        x_offs, _, _ = _bn_tile(t, TS, N, S, sxn, sxs, BN, BS)
+        g = tl.load(g_c + g_offs, mask=mask, other=0.0).to(ACC)
+        xhat = (tl.load(x_c + x_offs, mask=mask, other=0.0).to(ACC) - mean) * rstd
         acc_g += g
-        acc_gx += tl.where(i < L, g * xhat, 0.0)
-    sum_g = tl.sum(acc_g, axis=0)
-    sum_gx = tl.sum(acc_gx, axis=0)
-    tl.store(dw_ptr + c, sum_gx)
-    tl.store(db_ptr + c, sum_g)
+        acc_gx += g * xhat  # g is 0 where masked
+    p = part_ptr + (c.to(tl.int64) * SPLIT + j) * 2
+    tl.store(p, _sum2(acc_g))
+    tl.store(p + 1, _sum2(acc_gx))
+
+
+@triton.jit
+def batch_norm_bwd_kernel(
+    gy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, part_ptr, gx_ptr, dw_ptr, db_ptr,
+    N, S, sgn, sgc, sgs, sxn, sxc, sxs, son, soc, TS, T, TPP, SPLIT, P,
+    TRAINING: tl.constexpr, HAS_W: tl.constexpr, NEED_X: tl.constexpr, ACC: tl.constexpr,
+    BN: tl.constexpr, BS: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    """Tiles [j * TPP, (j + 1) * TPP) of channel c: gx (batch statistics: their gradient too) from the
+    summed part[c, :P]; program j = 0 writes dw = sum(gy * xhat), db = sum(gy). Reverse program order,
+    as in the forward."""
+    pid = tl.num_programs(0) - 1 - tl.program_id(0)
+    c = pid // SPLIT
+    j = pid - c * SPLIT
+    p = part_ptr + c.to(tl.int64) * P * 2 + tl.arange(0, BLOCK_P) * 2
+    pm = tl.arange(0, BLOCK_P) < P
+    sum_g = tl.sum(tl.load(p, mask=pm, other=0.0), axis=0)
+    sum_gx = tl.sum(tl.load(p + 1, mask=pm, other=0.0), axis=0)
+    if j == 0:
+        tl.store(dw_ptr + c, sum_gx)
+        tl.store(db_ptr + c, sum_g)
     if NEED_X:
+        mean = tl.load(mean_ptr + c)
+        rstd = tl.load(rstd_ptr + c)
+        L = N * S
         scale = rstd
         if HAS_W:
             scale = scale * tl.load(w_ptr + c).to(ACC)
+        g_c = gy_ptr + c.to(tl.int64) * sgc
+        x_c = x_ptr + c.to(tl.int64) * sxc
         gx_c = gx_ptr + c.to(tl.int64) * soc
-        for start in range(0, L, BLOCK):
-            i = start + offs
-            g = tl.load(g_c + _bn_offsets(i, S, sgn, sgs), mask=i < L, other=0.0).to(ACC)
+        t0 = j * TPP
+        for t in range(t0, tl.minimum(t0 + TPP, T)):
+            g_offs, mask, _ = _bn_tile(t, TS, N, S, sgn, sgs, BN, BS)
+            g = tl.load(g_c + g_offs, mask=mask, other=0.0).to(ACC)
             if TRAINING:
-                xhat = (tl.load(x_c + _bn_offsets(i, S, sxn, sxs), mask=i < L, other=0.0).to(ACC) - mean) * rstd
-                g = g - sum_g / L - xhat * (sum_gx / L)
-            tl.store(gx_c + _bn_offsets(i, S, son, 1), (g * scale).to(gx_ptr.dtype.element_ty), mask=i < L)
+                x_offs, _, _ = _bn_tile(t, TS, N, S, sxn, sxs, BN, BS)
+                xhat = (tl.load(x_c + x_offs, mask=mask, other=0.0).to(ACC) - mean) * rstd
+                g = g - _row_mean(sum_g, L) - xhat * _row_mean(sum_gx, L)
+            o_offs, _, _ = _bn_tile(t, TS, N, S, son, 1, BN, BS)
+            tl.store(gx_c + o_offs, (g * scale).to(gx_ptr.dtype.element_ty), mask=mask)
 
 
-def _ncs(x: torch.Tensor) -> tuple[int, int, int, tuple[int, int, int]]:
-    """(N, C, S, strides) of x [N, C, *spatial] seen as [N, C, S] (spatial dims must merge: a view)."""
+def _ncs(x: torch.Tensor) -> tuple[int, int, int, torch.Tensor]:
+    """(N, C, S, x3) with x [N, C, *spatial] seen as x3 [N, C, S] (a view where the spatial dims merge)."""
     N, C = x.shape[0], x.shape[1]
     x3 = x.reshape(N, C, -1)
     return N, C, x3.shape[2], x3
+
+
+def _bn_grid(N: int, C: int, S: int, device: torch.device) -> tuple[int, int, int, int, int, int]:
+    """(BN, BS, TS, T, TPP, SPLIT): [BN, BS] tiles of ~BN_TILE elements over a channel's [N, S] plane,
+    TS along S and T in all, TPP consecutive tiles a program, SPLIT programs a channel (enough for
+    ``BN_PROGRAMS_PER_SM`` programs per SM in all)."""
+    BS = min(triton.next_power_of_2(S), BN_TILE)
+    BN = max(1, min(BN_TILE // BS, triton.next_power_of_2(N)))
+    TS = cdiv(S, BS)
+    T = cdiv(N, BN) * TS
+    split = min(T, max(1, cdiv(BN_PROGRAMS_PER_SM * _sm_count(device), C)))
+    TPP = cdiv(T, split)
+    return BN, BS, TS, T, TPP, cdiv(T, TPP)
 
 
 def batch_norm_fwd(x: torch.Tensor, weight, bias, running_mean, running_var, num_batches_tracked, *,
@@ -493,18 +604,25 @@ def batch_norm_fwd(x: torch.Tensor, weight, bias, running_mean, running_var, num
     N, C, S, x3 = _ncs(x)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     y3 = y.reshape(N, C, S)
-    mean = torch.empty(C, dtype=partial_dtype(x.dtype), device=x.device)
-    rstd = torch.empty(C, dtype=partial_dtype(x.dtype), device=x.device)
+    acc = partial_dtype(x.dtype)
+    mean = torch.empty(C, dtype=acc, device=x.device)
+    rstd = torch.empty(C, dtype=acc, device=x.device)
+    BN, BS, TS, T, TPP, split = _bn_grid(N, C, S, x.device)
+    part = mean
+    if training:
+        part = torch.empty(C, split, 4, dtype=acc, device=x.device)
+        batch_norm_stats_kernel[(C * split,)](
+            x3, part, N, S, *x3.stride(), TS, T, TPP, split, ACC=compute_dtype(x.dtype), BN=BN, BS=BS,
+            num_warps=BN_WARPS)
     update = training and running_mean is not None
     dummy = mean
-    batch_norm_fwd_kernel[(C,)](
+    batch_norm_fwd_kernel[(C * split,)](
         x3, weight if weight is not None else dummy, bias if bias is not None else dummy, y3,
         running_mean if running_mean is not None else dummy, running_var if running_var is not None else dummy,
         num_batches_tracked if num_batches_tracked is not None and update else torch.zeros(1, dtype=torch.int64, device=x.device),
-        mean, rstd, N * S, S, *x3.stride(), *y3.stride(), _float_bits(eps), _float_bits(momentum),
+        mean, rstd, part, N, S, *x3.stride(), *y3.stride(), TS, T, TPP, split, _float_bits(eps), _float_bits(momentum),
         TRAINING=training, UPDATE_RUNNING=update, HAS_W=weight is not None, HAS_B=bias is not None,
-        ACC=compute_dtype(x.dtype), BLOCK=BN_BLOCK,
-        num_warps=_fixed_warps(BN_BLOCK))
+        ACC=compute_dtype(x.dtype), BN=BN, BS=BS, BLOCK_P=triton.next_power_of_2(split), num_warps=BN_WARPS)
     return y, mean, rstd
 
 
@@ -512,11 +630,18 @@ def batch_norm_bwd(gy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, *, tra
     """(gx | None, dw [C], db [C]); dw/db in fp32 (fp64 for fp64 x; cast by the caller)."""
     N, C, S, x3 = _ncs(x)
     g3 = gy.reshape(N, C, S)
+    acc = partial_dtype(x.dtype)
     gx = torch.empty((N, C, S), dtype=x.dtype, device=x.device) if need_x else None
-    dw = torch.empty(C, dtype=partial_dtype(x.dtype), device=x.device)
-    db = torch.empty(C, dtype=partial_dtype(x.dtype), device=x.device)
-    batch_norm_bwd_kernel[(C,)](
-        g3, x3, weight if weight is not None else mean, mean, rstd, gx if gx is not None else dw, dw, db,
-        N * S, S, *g3.stride(), *x3.stride(), C * S, S,
-        TRAINING=training, HAS_W=weight is not None, NEED_X=need_x, ACC=compute_dtype(x.dtype), BLOCK=BN_BLOCK)
+    dw = torch.empty(C, dtype=acc, device=x.device)
+    db = torch.empty(C, dtype=acc, device=x.device)
+    BN, BS, TS, T, TPP, split = _bn_grid(N, C, S, x.device)
+    part = torch.empty(C, split, 2, dtype=acc, device=x.device)
+    batch_norm_bwd_sums_kernel[(C * split,)](
+        g3, x3, mean, rstd, part, N, S, *g3.stride(), *x3.stride(), TS, T, TPP, split,
+        ACC=compute_dtype(x.dtype), BN=BN, BS=BS, num_warps=BN_WARPS)
+    batch_norm_bwd_kernel[(C * (split if need_x else 1),)](
+        g3, x3, weight if weight is not None else mean, mean, rstd, part, gx if gx is not None else dw, dw, db,
+        N, S, *g3.stride(), *x3.stride(), C * S, S, TS, T, TPP if need_x else T, split if need_x else 1, split,
+        TRAINING=training, HAS_W=weight is not None, NEED_X=need_x, ACC=compute_dtype(x.dtype),
+        BN=BN, BS=BS, BLOCK_P=triton.next_power_of_2(split), num_warps=BN_WARPS)
     return (gx.reshape(x.shape) if gx is not None else None), dw, db
