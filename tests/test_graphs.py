@@ -347,6 +347,38 @@ def test_repeat_equals_single_steps():
         step(*batches[0])
 
 
+@cuda
+@pytest.mark.parametrize("order", ["repeat_first", "single_first"])
+def test_repeat_graph_replays_after_another_capture(order):
+    """bench_train's repeat rows: a repeat=n graph and a one-step graph captured one after the other (each
+    capture empties torch's caching allocators), then both replayed in turn, equal to eager steps."""
+    n = 4
+    models = [_model(8) for _ in range(4)]  # eager twin and captured step, for the one-step and the repeat graph
+    opts = [ge2.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in models]
+    eager_single, eager_repeat = _train_step(models[0], opts[0]), _train_step(models[2], opts[2])
+    single = ge2.capture(_train_step(models[1], opts[1]))
+    repeated = ge2.capture(_train_step(models[3], opts[3]), repeat=n)
+    batches = _batches(n, rows=9, seed=5)
+    stacks = _stacks(batches)
+
+    def run_single():
+        got = torch.stack([single(x, y).data.reshape(()).clone() for x, y in batches])
+        return got, torch.stack([eager_single(x, y).data.reshape(()) for x, y in batches])
+
+    def run_repeat():
+        got = repeated(*stacks).data.clone()
+        return got, torch.stack([eager_repeat(x, y).data.reshape(()) for x, y in batches])
+
+    first, second = (run_repeat, run_single) if order == "repeat_first" else (run_single, run_repeat)
+    for run in (first, first, first, second, second, second, first, second, first):  # warm-up, capture, replays
+        got, want = run()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    torch.cuda.synchronize()
+    assert _max_rel_diff(models[1], models[0]) < 1e-5 and _max_rel_diff(models[3], models[2]) < 1e-5
+    assert single.captures == 1 and repeated.captures == 1
+    assert repeated.replays == (3 if order == "repeat_first" else 2)
+
+
 @pytest.mark.parametrize("nodes", ["auto", "off"])
 def test_stop_when_ends_steps_within_the_documented_latency(nodes, monkeypatch):
     from ge2.graphs import MAX_IN_FLIGHT
