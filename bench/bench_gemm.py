@@ -15,8 +15,8 @@ so op(B) = W^T is K-major), bias [N]. Columns, each a median of triton's do_benc
 captured training step sees); ``--mode end2end`` starts from host tensors and includes the copies
 in and out, launched eagerly. Ratios are torch time / ge2 time (> 1: ge2 faster). Run on the GPU:
 
-    PYTHONPATH=. python3 bench/bench_gemm.py [--mode kernel] [--shapes main|sweep|all|mlp] [--dtypes bf16,fp16,tf32,ieee,tf32x3]
-        [--only 8192x4096x4096,...] [--bwd all|none|8192x1024x4096,...] [--precompile]
+    PYTHONPATH=. python3 bench/bench_gemm.py [--mode kernel] [--shapes main|sweep|all|mlp|gpt] [--dtypes bf16,fp16,tf32,ieee,tf32x3]
+        [--only 8192x4096x4096,...] [--bwd all|none|8192x1024x4096,...] [--precompile] [--extra-configs]
 
 Kernel-mode forward rows also record each side's error against float64 (``ge2_error``, ``lt_error``:
 max |error| / max |result|); ``--shapes mlp --dtypes tf32x3,ieee,tf32`` measures the fp32 modes on
@@ -53,6 +53,21 @@ SWEEP_SHAPES = [(n, n, n, "relu") for n in (256, 512, 1024, 2048, 4096, 8192)]
 # the CNN's 3136->128 FC at batch 64 (few tiles, long K: split-K).
 MLP_SHAPES = [(512, 1024, 784, "relu"), (512, 1024, 1024, "relu"), (4096, 1024, 1024, "relu"),
               (64, 1024, 784, "relu"), (64, 128, 3136, "relu")]
+# The GPT step's Linear layers (issue 24's two models, tokens x out x in): shakespeare-char's
+# c_attn, c_fc (gelu), mlp c_proj at 64 x 256 tokens, GPT-2 small's at 8 x 1024 tokens (and its
+# attention c_proj, 768 -> 768).
+GPT_SHAPES = [(16384, 1152, 384, "none"), (16384, 1536, 384, "gelu"), (16384, 384, 1536, "none"),
+              (8192, 2304, 768, "none"), (8192, 768, 768, "none"), (8192, 3072, 768, "gelu"),
+              (8192, 768, 3072, "none")]
+# Tile shapes outside the tuned list, tried with --extra-configs (bf16/fp16): an M-wide tile as
+# cuBLAS's cooperative 256x128, deeper pipelines, a wider group.
+EXTRA_CONFIGS_16BIT = [
+    gemm_kernels._tma_cfg(256, 128, 64, 8, 3),
+    gemm_kernels._tma_cfg(256, 128, 64, 8, 4),
+    gemm_kernels._tma_cfg(128, 256, 64, 8, 4, group_m=16),
+    gemm_kernels._tma_cfg(128, 128, 64, 8, 5),
+    gemm_kernels._tma_cfg(128, 256, 32, 8, 6),
+]
 DTYPES = {  # name -> (torch dtype, fp32 precision)
     "bf16": (torch.bfloat16, "ieee"),
     "fp16": (torch.float16, "ieee"),
@@ -61,7 +76,7 @@ DTYPES = {  # name -> (torch dtype, fp32 precision)
     "ieee": (torch.float32, "ieee"),
     "tf32x3": (torch.float32, "tf32x3"),  # ge2's default for fp32; torch side: full fp32
 }
-TORCH_ACT = {"relu": F.relu, "gelu": F.gelu}
+TORCH_ACT = {"relu": F.relu, "gelu": F.gelu, "none": lambda y: y}
 
 
 def _best_config() -> str:
@@ -122,6 +137,8 @@ def bench_shape(bench: Bench, M: int, N: int, K: int, act: str, dtype_name: str,
         return torch_act(x @ w.t() + b)
 
     def lt(x=x, w=w, b=b):
+        if act == "none":
+            return torch.addmm(b, x, w.t())
         return torch._addmm_activation(b, x, w.t(), use_gelu=act == "gelu")
 
     def ge2_pointer_kernel():  # the non-TMA kernel, for comparison
@@ -203,9 +220,9 @@ def _rows(args) -> list[tuple[int, int, int, str, str, bool, bool, bool]]:
                 backward = dtype_name != "tf32-trunc" and ((args.bwd == "all" and forward) or shape in bwd)
                 if forward or backward:
                     rows.append((M, N, K, act, dtype_name, forward, backward, False))
-    if args.shapes == "mlp":
+    if args.shapes in ("mlp", "gpt"):
         for dtype_name in args.dtypes.split(","):
-            for M, N, K, act in MLP_SHAPES:
+            for M, N, K, act in (MLP_SHAPES if args.shapes == "mlp" else GPT_SHAPES):
                 backward = args.bwd == "all"
                 rows.append((M, N, K, act, dtype_name, True, backward, False))
     if args.shapes in ("sweep", "all"):
@@ -245,7 +262,8 @@ def _run_pinned(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mode", choices=("kernel", "end2end"), default="kernel")
-    parser.add_argument("--shapes", choices=("main", "sweep", "all", "mlp"), default="main")
+    parser.add_argument("--shapes", choices=("main", "sweep", "all", "mlp", "gpt"), default="main")
+    parser.add_argument("--extra-configs", action="store_true", help="also tune EXTRA_CONFIGS_16BIT (tuning_ms says)")
     parser.add_argument("--dtypes", default="bf16,fp16,tf32,ieee")
     parser.add_argument("--sweep-dtypes", default="bf16,tf32")
     parser.add_argument("--compile", action="store_true", help="add a torch.compile column (slow to build)")
@@ -263,6 +281,9 @@ def main() -> None:
         return plot(*args.plot)
     if not torch.cuda.is_available():
         raise SystemExit("bench_gemm: needs a CUDA GPU (timings under the interpreter mean nothing)")
+    if args.extra_configs:  # before --pin-config's indexing: parent and children see the same list
+        gemm_kernels.TMA_CONFIGS_16BIT.extend(EXTRA_CONFIGS_16BIT)
+        gemm_kernels.gemm_tma_kernel.configs.extend(EXTRA_CONFIGS_16BIT)
     if args.pin_config is not None:
         return _run_pinned(args)
     if args.precompile:
