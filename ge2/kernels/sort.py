@@ -192,6 +192,22 @@ def _merge_kernel(key_in, index_in, key_out, index_out, L_in, L_out, run_in, run
 
 
 @triton.jit
+def _merge_path(base_a, base_b, d, n_a, n_b, live, steps):
+    """For output positions d of the merge of sorted runs A (n_a keys at base_a) and B (n_b at base_b): how many
+    of the first d outputs come from A (the merge path's binary search, ``steps`` rounds of halving)."""
+    lo = tl.maximum(d - n_b, 0)
+    hi = tl.minimum(d, n_a)
+    for _ in range(steps):
+        active = live & (lo < hi)
+        mid = (lo + hi) // 2
+        ka = tl.load(base_a + mid, mask=active, other=0)
+        kb = tl.load(base_b + (d - 1 - mid), mask=active, other=0)
+        lo = tl.where(active & (ka < kb), mid + 1, lo)
+        hi = tl.where(active & (ka >= kb), mid, hi)
+    return lo
+
+
+@triton.jit
 def _merge_path_kernel(key_in, key_out, L_in, L_out, run_in, run_out, per_pair, per_row, steps,
                        BLOCK: tl.constexpr):
     """Packed (unique) keys: merge runs 2p and 2p+1 of a row; program b writes merged[d0, d0 + BLOCK) of pair p.
@@ -216,15 +232,7 @@ def _merge_path_kernel(key_in, key_out, L_in, L_out, run_in, run_out, per_pair, 
     base_b = base_a + run_in
     ends = tl.arange(0, 2)
     d = tl.where(ends == 0, d0, d1)
-    lo = tl.maximum(d - n_b, 0)
-    hi = tl.minimum(d, n_a)
-    for _ in range(steps):
-        active = live & (lo < hi)
-        mid = (lo + hi) // 2
-        ka = tl.load(base_a + mid, mask=active, other=0)
-        kb = tl.load(base_b + (d - 1 - mid), mask=active, other=0)
-        lo = tl.where(active & (ka < kb), mid + 1, lo)
-        hi = tl.where(active & (ka >= kb), mid, hi)
+    lo = _merge_path(base_a, base_b, d, n_a, n_b, live, steps)
     a0 = tl.sum(tl.where(ends == 0, lo, 0), 0)
     a1 = tl.sum(tl.where(ends == 1, lo, 0), 0)
     n_from_a = a1 - a0
@@ -260,15 +268,7 @@ def _merge_lanes_kernel(key_in, key_out, L_in, L_out, run_in, run_out, per_pair,
     live = d < n_out
     base_a = key_in + row * L_in + a_start
     base_b = base_a + run_in
-    lo = tl.maximum(d - n_b, 0)
-    hi = tl.minimum(d, n_a)
-    for _ in range(steps):
-        active = live & (lo < hi)
-        mid = (lo + hi) // 2
-        ka = tl.load(base_a + mid, mask=active, other=0)
-        kb = tl.load(base_b + (d - 1 - mid), mask=active, other=0)
-        lo = tl.where(active & (ka < kb), mid + 1, lo)
-        hi = tl.where(active & (ka >= kb), mid, hi)
+    lo = _merge_path(base_a, base_b, d, n_a, n_b, live, steps)
     i = lo
     j = d - lo
     out = key_out + row * L_out + pair.to(tl.int64) * run_out + d
