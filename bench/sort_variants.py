@@ -1,11 +1,17 @@
-"""Sort/topk design sweep on the GPU (issue 25): the pass-1 tile and merge block of the packed-key
-sort, and the radix select against the capped merges for topk; each variant checked against torch
-and timed by CUDA-graph replays in one process. Prints one line per variant.
+"""Sort/topk design sweep on the GPU (issue 25): the radix select's settings against the capped
+merges for topk (k = 50 to 1024), the sort at its defaults; each variant checked against torch and
+timed by CUDA-graph replays in one process, torch beside it. Prints one line per variant;
+--profile adds the select's kernel times (torch.profiler).
 
-    PYTHONPATH=. python3 bench/sort_variants.py
+--baseline FILE times an earlier ge2/kernels/sort.py (``git show REV:ge2/kernels/sort.py > FILE``)
+in the same process, as "before": its sort and topk at its own defaults.
+
+    PYTHONPATH=. python3 bench/sort_variants.py [--baseline build/sort_before.py] [--profile]
 """
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -17,47 +23,95 @@ import ge2  # noqa: E402,F401
 import triton  # noqa: E402
 from ge2.kernels import sort as SO  # noqa: E402
 
+SHAPES = ((256, 32768), (64, 131072))
+TOPK_K = (50, 128, 256, 1024)
+# (SELECT_PROGRAMS, SELECT_ATOMIC_PASSES, SELECT_BLOCK, SELECT_WARPS)
+SELECT_VARIANTS = ((2048, True, 4096, 8), (2048, True, 4096, 4), (4096, True, 2048, 4), (4096, True, 2048, 8),
+                   (2048, False, 4096, 8))
+
 
 def _time(fn) -> float:
     return float(triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median"))
 
 
+def _load(path: str):
+    spec = importlib.util.spec_from_file_location("ge2.kernels._sort_baseline", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _line(label: str, fn, t_torch: float, ok) -> None:
+    try:
+        ok_now = ok()
+        ms = _time(fn)
+    except Exception as e:  # a variant that does not compile is reported, the sweep goes on
+        print(f"{label}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
+        return
+    print(f"{label}: {ms:.4f} ms, torch {t_torch:.4f} ratio {t_torch / ms:.2f} ok {ok_now}", flush=True)
+
+
 def main() -> None:
-    shapes = ((256, 32768), (64, 131072))
-    defaults = (SO.TILE, SO.MERGE_BLOCK, SO.MERGE, SO.SELECT_MIN_K, SO.SELECT_ATOMIC_PASSES)
-    for m, n in shapes:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--baseline", default=None, help="an earlier sort.py, timed as 'before'")
+    ap.add_argument("--profile", action="store_true", help="kernel times of the select (torch.profiler)")
+    args = ap.parse_args()
+    base = _load(args.baseline) if args.baseline else None
+    settings = ("SELECT_MIN_K", "SELECT_PROGRAMS", "SELECT_ATOMIC_PASSES", "SELECT_BLOCK", "SELECT_WARPS")
+    defaults = {name: getattr(SO, name) for name in settings}
+    for m, n in SHAPES:
         x = torch.randn(m, n, device="cuda")
         ref = torch.sort(x, -1)
         t_torch = _time(lambda: torch.sort(x, -1))
-        for tile, block, merge, warps in ((1024, 1024, "lanes", 0), (1024, 1024, "bitonic", 0),
-                                          (1024, 1024, "search", 0), (1024, 1024, "lanes", 4),
-                                          (1024, 1024, "lanes", 2), (512, 1024, "lanes", 4), (256, 1024, "lanes", 0),
-                                          (1024, 2048, "lanes", 0)):
-            SO.TILE, SO.MERGE_BLOCK, SO.MERGE, SO.TILE_WARPS = tile, block, merge, warps
-            try:
-                values, indices = SO.sort(x, dim=-1)
-                ok = torch.equal(values, ref.values) and torch.equal(indices, ref.indices)
-                ms = _time(lambda: SO.sort(x, dim=-1))
-            except Exception as e:  # a variant that does not compile is reported, the sweep goes on
-                print(f"sort {m}x{n} TILE {tile} merge {merge}: FAILED {type(e).__name__}: {str(e)[:200]}")
-                continue
-            print(f"sort {m}x{n} TILE {tile} warps {warps or 'auto'} MERGE_BLOCK {block} merge {merge}: {ms:.4f} ms, "
-                  f"torch {t_torch:.4f} ratio {t_torch / ms:.2f} ok {ok}", flush=True)
-        SO.TILE, SO.MERGE_BLOCK, SO.MERGE, SO.TILE_WARPS = *defaults[:3], 0
-        tiles = x.view(-1, SO.TILE)  # the same elements as rows of one tile: the tile pass and the gather alone
-        ms = _time(lambda: SO.sort(tiles, dim=-1))
-        print(f"sort {m}x{n} as rows of {SO.TILE} (no merge pass): {ms:.4f} ms", flush=True)
-        for k in (50, 1024):
+
+        def sort_ok(mod):
+            values, indices = mod.sort(x, dim=-1)
+            return torch.equal(values, ref.values) and torch.equal(indices, ref.indices)
+
+        _line(f"sort {m}x{n} default", lambda: SO.sort(x, dim=-1), t_torch, lambda: sort_ok(SO))
+        if base is not None:
+            _line(f"sort {m}x{n} baseline", lambda: base.sort(x, dim=-1), t_torch, lambda: sort_ok(base))
+        for k in TOPK_K:
             t_ref = torch.topk(x, k)
             t_torch = _time(lambda: torch.topk(x, k))
-            for label, min_k, atomic in (("select", 1, True), ("capped merges", 10**9, True)):
-                SO.SELECT_MIN_K, SO.SELECT_ATOMIC_PASSES = min_k, atomic
-                values, _ = SO.topk(x, k)
-                ok = torch.equal(values, t_ref.values)
-                ms = _time(lambda: SO.topk(x, k))
-                print(f"topk {m}x{n} k={k} {label}: {ms:.4f} ms, torch {t_torch:.4f} ratio {t_torch / ms:.2f} ok {ok}",
-                      flush=True)
-            SO.SELECT_MIN_K, SO.SELECT_ATOMIC_PASSES = defaults[3:]
+
+            def topk_ok(mod):
+                values, indices = mod.topk(x, k)
+                return torch.equal(values, t_ref.values) and torch.equal(torch.gather(x, 1, indices), values)
+
+            if base is not None and k in (50, 1024):
+                _line(f"topk {m}x{n} k={k} baseline", lambda: base.topk(x, k), t_torch, lambda: topk_ok(base))
+            SO.SELECT_MIN_K = 10**9
+            _line(f"topk {m}x{n} k={k} capped merges", lambda: SO.topk(x, k), t_torch, lambda: topk_ok(SO))
+            SO.SELECT_MIN_K = 1
+            for programs, atomic, block, warps in SELECT_VARIANTS:
+                SO.SELECT_PROGRAMS, SO.SELECT_ATOMIC_PASSES, SO.SELECT_BLOCK, SO.SELECT_WARPS = \
+                    programs, atomic, block, warps
+                _line(f"topk {m}x{n} k={k} select programs {programs} atomic {atomic} block {block} warps {warps}",
+                      lambda: SO.topk(x, k), t_torch, lambda: topk_ok(SO))
+            for name in settings:
+                setattr(SO, name, defaults[name])
+    if args.profile:
+        _profile()
+
+
+def _profile() -> None:
+    """Kernel times of the select (defaults) on 256 rows of 32k, k = 50 and 1024: where its time goes."""
+    x = torch.randn(256, 32768, device="cuda")
+    SO.SELECT_MIN_K = 1
+    for k in (50, 1024):
+        SO.topk(x, k)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(20):
+                SO.topk(x, k)
+            torch.cuda.synchronize()
+        print(f"--- select k={k}, 256x32768, 20 calls (us per call = total / 20)")
+        try:
+            table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=40)
+        except Exception:  # older torch names it after CUDA
+            table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=14, max_name_column_width=40)
+        print(table, flush=True)
 
 
 if __name__ == "__main__":

@@ -173,17 +173,25 @@ def test_sort_packed_merges(monkeypatch, kind):
         check_topk(x, k)
 
 
-def test_topk_radix_select(monkeypatch):
-    """Large-k topk on long rows: digit-histogram select, then the k sorted (ties: lowest index first)."""
+@pytest.mark.parametrize("programs, atomic", [(512, True), (1, False)])
+def test_topk_radix_select(monkeypatch, programs, atomic):
+    """Large-k topk on long rows: digit-histogram select, then the k sorted (ties: lowest index first).
+    Several programs per row (the last to finish a pass makes the row's choice), or one program
+    looping over the row's chunks with per-program histograms in every pass."""
     monkeypatch.setattr(SO, "PACKED_SORT", True)
     monkeypatch.setattr(SO, "TILE", 8)
-    monkeypatch.setattr(SO, "SELECT_MIN_K", 2)
-    monkeypatch.setattr(SO, "SELECT_BLOCK", 32)  # several programs per row share its slots
+    monkeypatch.setattr(SO, "SELECT_MIN_K", 1)
+    monkeypatch.setattr(SO, "SELECT_BLOCK", 32)
+    monkeypatch.setattr(SO, "SELECT_PROGRAMS", programs)
+    monkeypatch.setattr(SO, "SELECT_ATOMIC_PASSES", atomic)
     x = (2 * sample(2, 70, seed=26)).round()  # many ties at the k-th place: the index digits decide
     x[1, 5] = x[1, 60] = math.nan
-    for k, largest in ((2, True), (40, False)):
+    x[0, 3], x[0, 9], x[0, 40] = -0.0, 0.0, -0.0  # -0 == +0: tied, lowest index first
+    for k, largest in ((1, True), (2, True), (40, False), (69, True)):
         check_topk(x, k, largest=largest)
+    check_topk(x, 70)  # k = n: the sort
     check_topk(sample(2, 100, seed=27).to(torch.bfloat16), 9)  # distinct keys: their digits finish the select
+    check_topk((5 * sample(3, 45, seed=28)).round().to(torch.int32), 20, largest=False)
     values, indices = call("kthvalue", x, k=30, dim=1)
     ref = torch.kthvalue(x, 30, dim=1)
     assert same(values, ref.values) and same(torch.gather(x, 1, indices[:, None])[:, 0], values)

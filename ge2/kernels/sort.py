@@ -32,9 +32,10 @@ writes only the first k of each merged pair.
 **Radix select.** For SELECT_MIN_K <= k <= 4096 out of rows longer than a tile (packed keys), the first k
 are found without sorting the row: (key + 2^31) << IB | index is one non-negative number per
 element, unique; pass p histograms its digit p (8 bits from the top) over the elements whose
-higher digits equal the prefix chosen so far (every program replays the earlier choices from the
-histograms, so no state is shared), until the chosen bin holds exactly what is still needed (the
-index digits only run on a tie at the k-th place). The k selected are written in any order and
+higher digits equal the prefix chosen so far, until the chosen bin holds exactly what is still
+needed (the index digits only run on a tie at the k-th place). A row's G programs each loop over
+a span of it; the last of them to finish a pass (a ticket) makes the row's choice and writes it
+as the row's state, which each program of the next pass reads once. The k selected are written in any order and
 sorted by one tl.sort per row.
 
 **multinomial.** With replacement: one scan of each row's weights gives the CDF (fp32, fp64 for
@@ -64,7 +65,11 @@ MERGE_BLOCK = 1024  # outputs per program of the merge-path merge of packed keys
 # H100, rows of 32k/128k fp32: the select took 0.34-0.40 ms at any k, the capped merges 0.19 ms at
 # k = 50 and 0.47 ms at k = 1024 (bench/results/sort_variants.txt); 512 is between, not measured.
 SELECT_MIN_K, SELECT_MAX_K = 512, 4096
-SELECT_BLOCK = 4096  # elements per program of the select passes
+SELECT_BLOCK = 4096  # elements per chunk of a select program's loop
+# Programs per select pass, all rows together (a row gets cdiv(SELECT_PROGRAMS, M), at least 1):
+# H100, 256 rows of 32k and 64 of 128k, 256-2048 programs: 2048 (one chunk each) was fastest.
+SELECT_PROGRAMS = 2048
+SELECT_WARPS = 8
 # Pass 0 counts every element (tl.histogram: per-program counts, 256 atomics); later passes count
 # only the few elements under the prefix, by masked atomics (tl.histogram's cost does not shrink
 # with its mask). MERGE: how packed runs merge: "lanes" (merge path per lane, MERGE_SEQ outputs a
@@ -346,66 +351,90 @@ def _combined_key(x, cols, DESCENDING: tl.constexpr, IB: tl.constexpr):
 
 
 @triton.jit
-def _select_state(hist_ptr, row, M, k, PASSES: tl.constexpr):
-    """Replay the first PASSES digit choices of a row -> (prefix, bits fixed, done).
+def _select_pass_kernel(x_ptr, hist_ptr, ticket_ptr, state_ptr, M, N, k, G, span, chunks, stride_xm, stride_xn,
+                        DESCENDING: tl.constexpr, IB: tl.constexpr, PASS: tl.constexpr, ATOMIC: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    """Digit PASS (8 bits from the top) of the row's elements under the prefix chosen so far -> the next choice.
 
-    Pass p's histogram counts the digits p of the elements whose higher digits equal the prefix;
-    the chosen digit is the one whose bin holds the k_rem-th of them. done: every element carrying
-    the prefix is among the k (its bin's count equals what is still needed), so no later pass runs
-    and the k are exactly the elements whose leading `bits` bits are <= prefix."""
-    bins = tl.arange(0, 256)
-    prefix = row * 0
-    bits = row * 0
-    k_rem = row * 0 + k
-    done = row < 0
-    for p in tl.static_range(PASSES):
-        h = tl.load(hist_ptr + (p * M + row) * 256 + bins)
-        b = tl.sum((tl.cumsum(h, 0) < k_rem).to(tl.int64), 0)
-        below = tl.sum(tl.where(bins < b, h, 0).to(tl.int64), 0)
-        at = tl.sum(tl.where(bins == b, h, 0).to(tl.int64), 0)
-        prefix = tl.where(done, prefix, prefix * 256 + b)
-        bits = tl.where(done, bits, bits + 8)
-        k_rem = tl.where(done, k_rem, k_rem - below)
-        done = done | (at == k_rem)
-    return prefix, bits, done
-
-
-@triton.jit
-def _select_hist_kernel(x_ptr, hist_ptr, M, N, k, stride_xm, stride_xn, DESCENDING: tl.constexpr,
-                        IB: tl.constexpr, PASS: tl.constexpr, ATOMIC: tl.constexpr, BLOCK: tl.constexpr):
-    """hist[PASS, m] += histogram of digit PASS (8 bits from the top) of the row's prefix-matching elements."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    prefix, bits, done = _select_state(hist_ptr, row, M, k, PASS)
-    live = (cols < N) & (done == 0)  # a finished row reads nothing
-    x = tl.load(x_ptr + row * stride_xm + cols.to(tl.int64) * stride_xn, mask=live, other=0)
-    c = _combined_key(x, cols.to(tl.int64), DESCENDING, IB)
-    TOP: tl.constexpr = 32 + IB - 8 * PASS
-    match = live & ((c >> TOP) == prefix)
-    digit = ((c >> (TOP - 8)) & 255).to(tl.int32)
-    if ATOMIC:
-        tl.atomic_add(hist_ptr + (PASS * M + row) * 256 + digit, tl.full(digit.shape, 1, tl.int32), mask=match)
+    Program (row, part) counts its span of the row (chunks of BLOCK) into hist[PASS, row]; the row's
+    last program to arrive (a ticket) reads the finished histogram and writes the row's state after
+    this pass, state[PASS, row] = (prefix, bits fixed, k still needed, done): the next pass reads it
+    once instead of every program replaying the earlier choices. done: the chosen bin holds exactly
+    the count still needed, so every element under the prefix is among the k and later passes read
+    nothing."""
+    pid = tl.program_id(0)
+    row = (pid // G).to(tl.int64)
+    part = pid % G
+    if PASS == 0:
+        prefix = row * 0
+        bits = row * 0
+        k_rem = row * 0 + k
+        done = row * 0
     else:
-        h = tl.histogram(digit, 256, mask=match)
-        tl.atomic_add(hist_ptr + (PASS * M + row) * 256 + tl.arange(0, 256), h, mask=h > 0)
+        st = state_ptr + ((PASS - 1) * M + row) * 4
+        prefix = tl.load(st)
+        bits = tl.load(st + 1)
+        k_rem = tl.load(st + 2)
+        done = tl.load(st + 3)
+    TOP: tl.constexpr = 32 + IB - 8 * PASS
+    hist_row = hist_ptr + (PASS * M + row) * 256
+    bins = tl.arange(0, 256)
+    h = tl.zeros([256], tl.int32)
+    start = part.to(tl.int64) * span
+    end = tl.minimum(start + span, N)
+    for i in range(chunks):
+        cols = start + i * BLOCK + tl.arange(0, BLOCK)
+        live = (cols < end) & (done == 0)  # a finished row reads nothing
+        x = tl.load(x_ptr + row * stride_xm + cols * stride_xn, mask=live, other=0)
+        c = _combined_key(x, cols, DESCENDING, IB)
+        match = live & ((c >> TOP) == prefix)
+        digit = ((c >> (TOP - 8)) & 255).to(tl.int32)
+        if ATOMIC:  # the few elements under a prefix: one atomic each (tl.histogram costs the same masked or not)
+            tl.atomic_add(hist_row + digit, tl.full(digit.shape, 1, tl.int32), mask=match, sem="relaxed")
+        else:
+            h += tl.histogram(digit, 256, mask=match)
+    if not ATOMIC:
+        tl.atomic_add(hist_row + bins, h, mask=h > 0, sem="relaxed")
+    tl.debug_barrier()  # every thread's counts are issued before the release below
+    ticket = tl.atomic_add(ticket_ptr + PASS * M + row, 1, sem="acq_rel")
+    if ticket == G - 1:
+        # .cg: the other programs' counts from L2, never from a stale L1 line
+        total = tl.load(hist_row + bins, cache_modifier=".cg")
+        b = tl.sum((tl.cumsum(total, 0) < k_rem).to(tl.int64), 0)  # the bin holding the k_rem-th element
+        below = tl.sum(tl.where(bins < b, total, 0).to(tl.int64), 0)
+        at = tl.sum(tl.where(bins == b, total, 0).to(tl.int64), 0)
+        open_row = done == 0
+        left = tl.where(open_row, k_rem - below, k_rem)
+        out = state_ptr + (PASS * M + row) * 4
+        tl.store(out, tl.where(open_row, prefix * 256 + b, prefix))
+        tl.store(out + 1, tl.where(open_row, bits + 8, bits))
+        tl.store(out + 2, left)
+        tl.store(out + 3, tl.where(open_row & (at == left), 1, done))
 
 
 @triton.jit
-def _select_take_kernel(x_ptr, hist_ptr, count_ptr, order_ptr, M, N, k, stride_xm, stride_xn,
+def _select_take_kernel(x_ptr, state_ptr, count_ptr, order_ptr, M, N, k, G, span, chunks, stride_xm, stride_xn,
                         DESCENDING: tl.constexpr, IB: tl.constexpr, PASSES: tl.constexpr, BLOCK: tl.constexpr):
     """Write the row's k selected elements as packed key << 32 | index, in any order, to order[m, :k]."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    prefix, bits, done = _select_state(hist_ptr, row, M, k, PASSES)
-    live = cols < N
-    x = tl.load(x_ptr + row * stride_xm + cols.to(tl.int64) * stride_xn, mask=live, other=0)
-    c = _combined_key(x, cols.to(tl.int64), DESCENDING, IB)
-    take = live & ((c >> (32 + IB - bits)) <= prefix)
-    flags = take.to(tl.int32)
-    start = tl.atomic_add(count_ptr + row, tl.sum(flags, 0))  # this program's slots: order is restored by the sort
-    slot = start + tl.cumsum(flags, 0) - 1
-    packed = (((c >> IB) - 2**31) << 32) | cols.to(tl.int64)
-    tl.store(order_ptr + row * k + slot, packed, mask=take)
+    pid = tl.program_id(0)
+    row = (pid // G).to(tl.int64)
+    part = pid % G
+    st = state_ptr + ((PASSES - 1) * M + row) * 4
+    prefix = tl.load(st)
+    shift = 32 + IB - tl.load(st + 1)
+    start = part.to(tl.int64) * span
+    end = tl.minimum(start + span, N)
+    for i in range(chunks):
+        cols = start + i * BLOCK + tl.arange(0, BLOCK)
+        live = cols < end
+        x = tl.load(x_ptr + row * stride_xm + cols * stride_xn, mask=live, other=0)
+        c = _combined_key(x, cols, DESCENDING, IB)
+        take = live & ((c >> shift) <= prefix)
+        flags = take.to(tl.int32)
+        # this chunk's slots (any order: the sort after restores it)
+        first = tl.atomic_add(count_ptr + row, tl.sum(flags, 0), sem="relaxed")
+        slot = first + tl.cumsum(flags, 0) - 1
+        tl.store(order_ptr + row * k + slot, (((c >> IB) - 2**31) << 32) | cols, mask=take)
 
 
 @triton.jit
@@ -422,20 +451,26 @@ def select_rows(x2: torch.Tensor, descending: bool, k: int) -> torch.Tensor:
 
     Digit passes over (key, index) as one (32 + IB)-bit number, 8 bits a pass from the top; the
     index's bits make every element distinct (ties: lowest index first) and cost a pass only when
-    the key's bits leave a tie at the k-th place (a finished row's later passes read nothing)."""
+    the key's bits leave a tie at the k-th place (a finished row's later passes read nothing). A
+    row gets G programs (about SELECT_PROGRAMS in all), each looping over its span."""
     M, N = x2.shape
     ib = 8 * cdiv(max(1, (N - 1).bit_length()), 8)
     passes = (32 + ib) // 8
-    hist = torch.zeros((passes, M, 256), dtype=torch.int32, device=x2.device)
-    count = torch.zeros((M,), dtype=torch.int32, device=x2.device)
+    G = max(1, min(cdiv(SELECT_PROGRAMS, M), cdiv(N, SELECT_BLOCK)))
+    span = cdiv(cdiv(N, G), SELECT_BLOCK) * SELECT_BLOCK
+    G = cdiv(N, span)
+    # One zeroed buffer: histograms [passes, M, 256], tickets [passes, M], slot counters [M].
+    counters = torch.zeros(passes * M * 257 + M, dtype=torch.int32, device=x2.device)
+    hist, tickets = counters[:passes * M * 256], counters[passes * M * 256:passes * M * 257]
+    count = counters[passes * M * 257:]
+    state = torch.empty((passes, M, 4), dtype=torch.int64, device=x2.device)
     order = torch.empty((M, k), dtype=torch.int64, device=x2.device)
-    grid = (M, cdiv(N, SELECT_BLOCK))
-    args = (M, N, k, x2.stride(0), x2.stride(1))
+    args = (M, N, k, G, span, span // SELECT_BLOCK, x2.stride(0), x2.stride(1))
     for p in range(passes):
-        _select_hist_kernel[grid](x2, hist, *args, DESCENDING=bool(descending), IB=ib, PASS=p,
-                                  ATOMIC=p > 0 and SELECT_ATOMIC_PASSES, BLOCK=SELECT_BLOCK, num_warps=8)
-    _select_take_kernel[grid](x2, hist, count, order, *args, DESCENDING=bool(descending), IB=ib, PASSES=passes,
-                              BLOCK=SELECT_BLOCK, num_warps=8)
+        _select_pass_kernel[(M * G,)](x2, hist, tickets, state, *args, DESCENDING=bool(descending), IB=ib, PASS=p,
+                                      ATOMIC=p > 0 and SELECT_ATOMIC_PASSES, BLOCK=SELECT_BLOCK, num_warps=SELECT_WARPS)
+    _select_take_kernel[(M * G,)](x2, state, count, order, *args, DESCENDING=bool(descending), IB=ib,
+                                  PASSES=passes, BLOCK=SELECT_BLOCK, num_warps=SELECT_WARPS)
     kp = triton.next_power_of_2(k)
     _sort_rows_kernel[(M,)](order, k, KP=kp, num_warps=8 if kp >= 1024 else 4)
     return order
