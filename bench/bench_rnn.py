@@ -19,10 +19,10 @@ import ge2
 import ge2.nn as nn
 from ge2.kernels import rnn as K
 
-PREDICTION = ("per step the persistent kernel reads all of h_prev (B H bytes from L2, every program) and meets "
-              "a grid barrier (~1-2 us) while W_hh stays in registers: ~3-5 us a step, 0.4-0.7 ms forward at "
-              "hidden 256/512; cuDNN at these sizes launches per step (~5-10 us a step): expect >= 1x at <= 512, "
-              "~1x at 1024 where bf16 stays persistent and fp32 backward falls back to stepwise")
+PREDICTION = ("forward: per step the persistent kernel reads all of h_prev (B H bytes from L2, every program) and "
+              "meets a grid barrier (~1-2 us) while W_hh stays in registers: ~3-5 us a step; backward (session 17): "
+              "one dot per step over all gates per (16 units, 16-32 rows) program, W_hh streamed from L1/L2: ~5-6 us "
+              "a step, 0.7 ms at hidden 256 and ~0.9 ms at 512, against the stepwise 1.3-1.8 ms")
 
 
 def _modules(cls: str, hidden: int, dtype: torch.dtype, device):
@@ -67,25 +67,34 @@ def _graph_and_parts(name, g_fn, t_fn, mod, x, mode, dtype) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--layers", default="LSTM,GRU", help="comma-separated: LSTM,GRU")
+    ap.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated: float32,bfloat16")
+    ap.add_argument("--hidden", default="256,512,1024", help="comma-separated hidden sizes")
+    ap.add_argument("--passes", default="forward,fwd+bwd", help="comma-separated: forward,fwd+bwd")
+    ap.add_argument("--out", default="rnn", help="result name (bench/results/<out>.json)")
+    ap.add_argument("--bwd", choices=("auto", "persistent", "stepwise"), default=None,
+                    help="the backward path when a layer does not force one (default: kernels.rnn.BACKWARD_PATH)")
     args = ap.parse_args()
+    if args.bwd:
+        K.BACKWARD_PATH = args.bwd
     if args.smoke:
         from bench.bench_nn import Smoke
         bench, sizes, T, B = Smoke(), (16,), 3, 2
     else:
         from bench.harness import Bench
-        bench, sizes, T, B = Bench("rnn", rep_ms=60), (256, 512, 1024), 128, 64
+        bench, sizes, T, B = Bench(args.out, rep_ms=60), tuple(int(h) for h in args.hidden.split(",")), 128, 64
     dev = ge2.device()
     ge2.set_matmul_precision("tf32")
-    for cls in ("LSTM", "GRU"):
-        for dtype in (torch.float32, torch.bfloat16):
+    for cls in args.layers.split(","):
+        for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
             for hidden in sizes:
                 mod, ref = _modules(cls, hidden, dtype, dev)
                 x = torch.randn(T, B, hidden, device=dev, dtype=dtype)
                 mode = K.MODES[cls.lower()]
-                # the forward's default path / the backward's (stepwise unless asked: docs/rnn.md); block_b 0 = the
+                # the forward's default path / the backward's (kernels.rnn.BACKWARD_PATH); block_b 0 = the
                 # persistent kernel did not fit shared memory and ran stepwise
                 paths = ("persistent" if K.persistent_plan(hidden, mode, dtype, dev, backward=False) else "stepwise") \
-                    + "/stepwise"
+                    + "/" + (K.auto_backward_path(hidden, mode, dtype) if K.BACKWARD_PATH == "auto" else K.BACKWARD_PATH)
                 xg = ge2.from_torch(x)
 
                 def ge2_fwd():
@@ -109,6 +118,8 @@ def main() -> None:
 
                 labels = dict(layer=cls, dtype=str(dtype).split(".")[-1], hidden=hidden, T=T, B=B, path=paths)
                 for name, g_fn, t_fn in (("forward", ge2_fwd, torch_fwd), ("fwd+bwd", ge2_train, torch_train)):
+                    if name not in args.passes.split(","):
+                        continue
                     try:
                         extra = {} if args.smoke else _graph_and_parts(name, g_fn, t_fn, mod, x, mode, dtype)
                     except Exception as e:  # noqa: BLE001 (the eager row still counts)

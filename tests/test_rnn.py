@@ -214,7 +214,15 @@ def test_persistent_plan_line():
     gpu, lstm = torch.device("cuda", 0), K.MODES["lstm"]
     assert K.persistent_plan(512, lstm, torch.float32, gpu, backward=False, sms=132) is not None
     assert K.persistent_plan(1024, lstm, torch.bfloat16, gpu, backward=False, sms=132) is not None
-    assert K.persistent_plan(1024, lstm, torch.float32, gpu, backward=True, sms=132) is None
+    # backward: 16 units per program (W_hh streamed from L1/L2), row blocks added while the grid fits the SMs
+    assert K.persistent_plan(1024, lstm, torch.float32, gpu, backward=True, sms=132)[:2] == (64, 16)
+    assert K.persistent_plan(256, lstm, torch.float32, gpu, backward=True, sms=132)[:2] == (16, 16)
+    for h in (5, 1000, 4096):
+        assert K.persistent_plan(h, lstm, torch.float32, gpu, backward=True, sms=132)[0] <= 132
+    assert K.bwd_row_blocks(16, 64, 132) == [16, 32, 64]  # 64 programs
+    assert K.bwd_row_blocks(64, 64, 132) == [32, 64]  # 128 programs
+    assert K.bwd_row_blocks(64, 7, 132) == [16]
+    assert K.bwd_row_blocks(200, 64, 132) == []
     assert K.persistent_plan(8192, lstm, torch.bfloat16, gpu, backward=False, sms=132) is None
     for h in (5, 100, 1000, 2048):  # never more programs than SMs: the grid barrier needs all of them resident
         plan = K.persistent_plan(h, K.MODES["gru"], torch.bfloat16, gpu, backward=False, sms=132)

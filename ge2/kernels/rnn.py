@@ -292,29 +292,18 @@ def rnn_fwd_persistent_kernel(gx_ptr, w_ptr, bhh_ptr, hbuf_ptr, cbuf_ptr, len_pt
 
 
 @triton.jit
-def _dgates_dot(w0, w1, w2, w3, ex_ptr, b, B, H, k,
-                NG: tl.constexpr, PRECISION: tl.constexpr):
-    """sum_g W_hh,g[:, own]^T-tile @ dgates_g^T: the recurrent part of dh for own units [BH, BB]."""
-    G = NG * H
-    base = ex_ptr + b * G + k[:, None]
-    msk = (b < B) & (k[:, None] < H)
-    acc = tl.dot(w0, tl.load(base, mask=msk, other=0.0, cache_modifier=".cg").to(w0.dtype),
-                 input_precision=PRECISION)
-    if NG > 1:
-        acc = tl.dot(w1, tl.load(base + H, mask=msk, other=0.0, cache_modifier=".cg").to(w0.dtype), acc,
-                     input_precision=PRECISION)
-        acc = tl.dot(w2, tl.load(base + 2 * H, mask=msk, other=0.0, cache_modifier=".cg").to(w0.dtype), acc,
-                     input_precision=PRECISION)
-        if NG == 4:
-            acc = tl.dot(w3, tl.load(base + 3 * H, mask=msk, other=0.0, cache_modifier=".cg").to(w0.dtype), acc,
-                         input_precision=PRECISION)
+def _dgates_dot(w_ptr, ex_ptr, u, b, B, H, G, BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr,
+                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """dgates_{s+1} W_hh for own units: [BH, BB] = sum over k < NG H of W_hh[k, u] dgates[b, k], the gates
+    folded into K (W_hh's rows are gate-major already). W_hh is read again every step: it stays in L1/L2
+    (a program's [NG H, BH] slice), where registers could not hold it (a dot operand is replicated per warp)."""
+    acc = tl.zeros((BLOCK_H, BLOCK_B), dtype=tl.float32)
+    for k0 in range(0, G, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        wt = tl.load(w_ptr + k[None, :] * H + u, mask=(u < H) & (k[None, :] < G), other=0.0)
+        dg = tl.load(ex_ptr + b * G + k[:, None], mask=(b < B) & (k[:, None] < G), other=0.0, cache_modifier=".cg")
+        acc = tl.dot(wt, dg.to(wt.dtype), acc, input_precision=PRECISION)
     return acc
-
-
-@triton.jit
-def _wt_tile(w_ptr, g: tl.constexpr, u, k, H, NG: tl.constexpr):
-    """[BH, K] tile W_hh[g H + k, u]^T (zeros for gates a mode lacks)."""
-    return tl.load(w_ptr + (g * H + k[None, :]) * H + u, mask=(u < H) & (k[None, :] < H) & (g < NG), other=0.0)
 
 
 @triton.jit
@@ -323,31 +312,25 @@ def rnn_bwd_persistent_kernel(w_ptr, len_ptr, dy_ptr, hp_ptr, cp_ptr, sv_ptr, dh
                               MODE: tl.constexpr, HAS_LEN: tl.constexpr, REVERSE: tl.constexpr,
                               BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
                               PRECISION: tl.constexpr):
-    """All T steps backwards; program p keeps the W_hh columns of its units (one [BH, K] tile per gate)."""
+    """All T steps backwards; program (p, q) owns units p and batch rows q. Batch rows never mix, so only
+    the programs of one row block meet at a barrier (a counter per row block)."""
     NG: tl.constexpr = 4 if MODE == 2 else (3 if MODE == 3 else 1)
-    pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    u = pid * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]
-    k = tl.arange(0, BLOCK_K)
-    w0 = _wt_tile(w_ptr, 0, u, k, H, NG)
-    w1 = _wt_tile(w_ptr, 1, u, k, H, NG)
-    w2 = _wt_tile(w_ptr, 2, u, k, H, NG)
-    w3 = _wt_tile(w_ptr, 3, u, k, H, NG)
+    u = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]
+    b = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)[None, :]
+    sync = sync_ptr + tl.program_id(1) * 32  # one counter per row block, a 128-byte line each
     G = NG * H
     for i in range(T):
         s = T - 1 - i
-        for b0 in range(0, B, BLOCK_B):
-            b = b0 + tl.arange(0, BLOCK_B)[None, :]
-            rec = tl.zeros((BLOCK_H, BLOCK_B), dtype=tl.float32)
-            if i > 0:
-                rec = _dgates_dot(w0, w1, w2, w3, dgbuf_ptr + ((s + 1) % 2) * B * G, b, B, H, k, NG, PRECISION)
-            _bwd_cell(s, rec, u, b, T, B, H, dy_ptr, len_ptr, hp_ptr, cp_ptr, sv_ptr, dhc_ptr, dcc_ptr,
-                      dgh_ptr, dgx_ptr, dgbuf_ptr, MODE, HAS_LEN, REVERSE)
-        _grid_sync(sync_ptr, nprog * (i + 1))
-    for b0 in range(0, B, BLOCK_B):
-        b = b0 + tl.arange(0, BLOCK_B)[None, :]
-        rec = _dgates_dot(w0, w1, w2, w3, dgbuf_ptr, b, B, H, k, NG, PRECISION)
-        _bwd_final(rec, u, b, B, H, dhc_ptr, dcc_ptr, dh0_ptr, dc0_ptr, MODE)
+        rec = tl.zeros((BLOCK_H, BLOCK_B), dtype=tl.float32)
+        if i > 0:
+            rec = _dgates_dot(w_ptr, dgbuf_ptr + ((s + 1) % 2) * B * G, u, b, B, H, G, BLOCK_H, BLOCK_B, BLOCK_K,
+                              PRECISION)
+        _bwd_cell(s, rec, u, b, T, B, H, dy_ptr, len_ptr, hp_ptr, cp_ptr, sv_ptr, dhc_ptr, dcc_ptr,
+                  dgh_ptr, dgx_ptr, dgbuf_ptr, MODE, HAS_LEN, REVERSE)
+        _grid_sync(sync, nprog * (i + 1))
+    rec = _dgates_dot(w_ptr, dgbuf_ptr, u, b, B, H, G, BLOCK_H, BLOCK_B, BLOCK_K, PRECISION)
+    _bwd_final(rec, u, b, B, H, dhc_ptr, dcc_ptr, dh0_ptr, dc0_ptr, MODE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -412,22 +395,27 @@ def persistent_plan(H: int, mode: int, dtype: torch.dtype, device: torch.device,
                     sms: int | None = None):
     """(grid, BLOCK_H, BLOCK_K, num_warps) of the persistent kernel, or None where it does not apply.
 
-    The line: the W_hh tile of one program (forward [NGP BH, H], backward NG tiles [BH, H]) must fit
-    ``TILE_REGS`` 32-bit registers, with BH the fewest units per program that keeps the grid within
-    the SM count (and dot's 16-row minimum). Under the interpreter only a single program (grid 1)
-    qualifies: it has no one to wait for. ``sms`` overrides the device's SM count (tests).
+    Forward, the line: one program's W_hh tile [NGP BH, H] must fit ``TILE_REGS`` 32-bit registers,
+    with BH the fewest units per program that keeps the grid within the SM count (and dot's 16-row
+    minimum). Backward (W_hh streamed from L1/L2 every step, BLOCK_K a K chunk of NG H): BH = 16 units
+    per program, as long as the unit blocks fit the SM count (the launcher adds row blocks within it).
+    Under the interpreter only a single program (grid 1) qualifies: it has no one to wait for. ``sms``
+    overrides the device's SM count (tests).
     """
     ng = GATES[mode]
     ngp = 4 if ng > 1 else 1
     if sms is None:
         sms = 1 if _interpreted(device) else _sm_count(device)
+    if backward:
+        bh = max(16, _pow2(-(-H // sms)))
+        grid = -(-H // bh)
+        return None if grid > sms else (grid, bh, min(BWD_BLOCK_K, max(16, _pow2(ng * H))), 4)
     bk = max(16, _pow2(H))
-    bh = max(16 if backward else 16 // ngp, _pow2(-(-H // sms)))
+    bh = max(16 // ngp, _pow2(-(-H // sms)))
     grid = -(-H // bh)
     if grid > sms:
         return None
-    rows = ng * bh if backward else ngp * bh
-    regs = rows * bk * dtype.itemsize // 4
+    regs = ngp * bh * bk * dtype.itemsize // 4
     if regs > TILE_REGS:
         return None
     warps = 4 if regs <= 4096 else (8 if regs <= 16384 else 16)
@@ -442,7 +430,34 @@ def _block_b(B: int, bk: int, rows: int = 1) -> int:
     return bb
 
 
+# The backward's default path (None in rnn_backward): "auto" is the persistent kernel except where the
+# H100 measured the stepwise one faster (docs/rnn.md: 16-bit layers with NG H > 2048, e.g. a bf16 LSTM at 1024).
+BACKWARD_PATH = "auto"
+BWD_BLOCK_K = 256  # K chunk of the persistent backward's per-step dot (W_hh read from L1/L2 chunk by chunk)
 _BLOCK_B: dict[tuple, int] = {}  # (pass, H, mode, dtype, B, precision) -> BLOCK_B that compiled; 0: none did
+
+
+def auto_backward_path(H: int, mode: int, dtype: torch.dtype) -> str:
+    """The backward's path by default: persistent, except 16-bit layers with NG H > 2048, where the H100
+    measured the stepwise one (a cuBLAS-rate GEMM per step) faster than the persistent dot's K loop."""
+    return "persistent" if dtype.itemsize >= 4 or GATES[mode] * H <= 2048 else "stepwise"
+
+
+def bwd_row_blocks(grid: int, B: int, sms: int) -> list[int]:
+    """BLOCK_B candidates of the persistent backward, best first: the fewest rows per program (the most
+    programs, the least work a step each) whose grid (``grid`` unit blocks x row blocks) stays within
+    ``sms`` (every program resident: the barrier cannot deadlock), then bigger row blocks (fewer programs)
+    in case the compiler cannot fit one."""
+    bb = 16
+    while grid * -(-B // bb) > sms and bb < B:
+        bb *= 2
+    if grid * -(-B // bb) > sms:
+        return []
+    out = [bb]
+    while bb < B:
+        bb *= 2
+        out.append(bb)
+    return out
 
 
 def _launch_persistent(kernel, key: tuple, bb: int, grid: int, *args, **meta) -> bool:
@@ -531,12 +546,12 @@ def rnn_backward(dy: torch.Tensor, dhn: torch.Tensor, dcn: torch.Tensor | None, 
     ng = GATES[mode]
     lstm, gru = mode == 2, mode == 3
     key = ("bwd", H, mode, dt, B, _precision(dt))
-    # Measured on the H100 (docs/rnn.md), the persistent backward took 2-3x the stepwise one (4.9 ms vs ~1.8 ms
-    # for an LSTM at hidden 256-512, seq 128, batch 64): its 16-unit programs run 16 dependent load + dot
-    # rounds a step. So it runs only when asked for; the default is stepwise.
+    asked, path = path, path or BACKWARD_PATH
+    if path == "auto":
+        path = auto_backward_path(H, mode, dt)
     plan = persistent_plan(H, mode, dt, dev, backward=True) if path == "persistent" and _BLOCK_B.get(key) != 0 \
         else None
-    if path == "persistent" and plan is None:
+    if asked == "persistent" and plan is None:
         raise ValueError(f"rnn: the persistent backward kernel does not fit hidden_size {H} on this device")
     dy, w_hh = dy.contiguous(), w_hh.contiguous()
     dhc = torch.empty((B, H), dtype=torch.float32, device=dev)
@@ -558,12 +573,22 @@ def rnn_backward(dy: torch.Tensor, dhn: torch.Tensor, dcn: torch.Tensor | None, 
             dc0.copy_(dcn)
     elif plan is not None:
         grid, bh, bk, warps = plan
-        sync = torch.zeros(1, dtype=torch.int32, device=dev)
-        ok = _launch_persistent(rnn_bwd_persistent_kernel, key, _block_b(B, bk, ng), grid, w_hh, lens, dy, hp, cp_,
-                                sv, dhc, dcc, dgh, dgx, dgbuf, dh0, dc0 if lstm else dh0, sync, T, B, H, **flags,
-                                BLOCK_H=bh, BLOCK_K=bk, PRECISION=_precision(dt), num_warps=warps)
+        ok = False
+        sms = 1 if _interpreted(dev) else _sm_count(dev)
+        for bb in [_BLOCK_B[key]] if key in _BLOCK_B else bwd_row_blocks(grid, B, sms):
+            sync = torch.zeros(-(-B // bb) * 32, dtype=torch.int32, device=dev)
+            try:
+                rnn_bwd_persistent_kernel[(grid, -(-B // bb))](
+                    w_hh, lens, dy, hp, cp_, sv, dhc, dcc, dgh, dgx, dgbuf, dh0, dc0 if lstm else dh0, sync, T, B, H,
+                    **flags, BLOCK_H=bh, BLOCK_B=bb, BLOCK_K=bk, PRECISION=_precision(dt), num_warps=warps)
+            except OutOfResources:
+                continue
+            _BLOCK_B[key] = bb
+            ok = True
+            break
         if not ok:
-            if path == "persistent":
+            _BLOCK_B[key] = 0
+            if asked == "persistent":
                 raise ValueError(f"rnn: the persistent backward kernel does not fit hidden_size {H} ({dt}) in "
                                  "shared memory")
             return rnn_backward(dy, dhn, dcn, w_hh, lengths, hp, cp, sv, mode=mode, reverse=reverse,
