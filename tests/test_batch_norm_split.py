@@ -2,6 +2,8 @@
 split on CPU shapes; forward, running statistics and gradients vs torch (same dtype) and float64."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as TF
@@ -87,6 +89,14 @@ def test_batch_norm_split_bf16_and_large_mean(split):
     # |mean| / std = 2e4: the shifted sums must not cancel (E[x^2] - E[x]^2 would lose every digit)
     x = randn(4, 3, 3, 5, seed=9) * 0.05 + 1000
     _check(x, training=True)
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 3, 5), (2, 3, 1, 1), (9, 2)])
+def test_batch_norm_one_tile_large_mean(shape):
+    # the default tiles: each channel is one tile, reduced and normalised by one program (no stats kernel)
+    assert KN._bn_grid(shape[0], shape[1], math.prod(shape[2:]), DEVICE)[3] == 1
+    _check(randn(*shape, seed=9) * 0.05 + 1000, training=True)
+    _check(randn(*shape, seed=10) * 3 - 1, training=True)
 
 
 def test_batch_norm_split_deterministic(split):

@@ -53,9 +53,12 @@ MAX_BLOCK_N = 4096  # row chunk; longer rows are swept in chunks of this size
 TILE = 4096  # elements per program tile when rows fit one chunk (BLOCK_M = TILE // BLOCK_N rows)
 BWD_PROGRAMS_PER_SM = 2  # backward, rows that fit one tile: persistent programs per SM
 ROWS_PER_PROGRAM = 32  # backward, longer rows: rows sharing one partial-sum row for dw/db
-BN_TILE = 4096  # batch norm: elements of a [BN, BS] tile of one channel's [N, S] plane
-BN_PROGRAMS_PER_SM = 8  # batch norm: each channel's tiles split so that the grid has ~this many programs an SM
-BN_WARPS = 8
+# BatchNorm: tiles of 2048-8192 elements, 4-16 programs per SM and 4 or 8 warps were swept on the H100 at
+# 64x256x28x28 fp32 (bench_nn.py --bn at 4094abc, bench/results/nn_batch_norm_sweep.json): 4096 / 16 / 4 was within 3% of
+# the best forward and backward; 8192 with 4 programs per SM left most SMs idle (0.13 ms).
+BN_TILE = 4096  # elements of a [BN, BS] tile of one channel's [N, S] plane
+BN_PROGRAMS_PER_SM = 16  # each channel's tiles are split so that the grid has ~this many programs an SM
+BN_WARPS = 4
 
 
 def _fixed_warps(block: int) -> int:
@@ -446,19 +449,30 @@ def batch_norm_fwd_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, rmean_ptr, rvar_ptr, tracked_ptr, mean_ptr, rstd_ptr, part_ptr,
     N, S, sxn, sxc, sxs, syn, syc, sys, TS, T, TPP, SPLIT, eps, momentum,
     TRAINING: tl.constexpr, UPDATE_RUNNING: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    ACC: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr, BLOCK_P: tl.constexpr,
+    ONE_TILE: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     """Tiles [j * TPP, (j + 1) * TPP) of channel c: y = (x - mean) * rstd * w + b, the batch statistics
     combined from part[c, :] (Chan's parallel formula) or the running ones; program j = 0 writes the
     channel's mean/rstd and updates its running statistics. Programs run in reverse order of the
-    stats kernel's, so the first tiles read were the last it read (still in L2)."""
+    stats kernel's, so the first tiles read were the last it read (still in L2). ONE_TILE (training,
+    the channel is one tile, one program): the statistics from that tile, with no stats kernel."""
     eps = _float_arg(eps, ACC)
     momentum = _float_arg(momentum, ACC)
     pid = tl.num_programs(0) - 1 - tl.program_id(0)
     c = pid // SPLIT
     j = pid - c * SPLIT
     L = N * S
-    if TRAINING:
+    x_c = x_ptr + c.to(tl.int64) * sxc
+    if ONE_TILE:
+        offs, mask, _ = _bn_tile(0, TS, N, S, sxn, sxs, BN, BS)
+        x = tl.load(x_c + offs, mask=mask, other=0.0).to(ACC)
+        center = _row_mean(_sum2(x), L)
+        d = tl.where(mask, x - center, 0.0)
+        s1 = _sum2(d)
+        o = _row_mean(s1, L)  # the rounding error of center, for y's (x - center) - o as below
+        var = tl.maximum(_row_mean(_sum2(d * d) - s1 * o, L), 0.0)
+        mean = center + o
+    elif TRAINING:
         # Chan's combination in offsets from program 0's shift k: shift_p - k is exact (close floats),
         # so the offsets keep their own relative precision and the mean is rounded once, at the end
         p = part_ptr + c.to(tl.int64) * SPLIT * 4 + tl.arange(0, BLOCK_P) * 4
@@ -471,6 +485,7 @@ def batch_norm_fwd_kernel(
         var = _row_mean(tl.sum(tl.load(p + 3, mask=pm, other=0.0) + n_p * do * do, axis=0), L)
         mean = k + o
         center = k  # y from (x - k) - o: x - k is exact, and no half-ulp of |mean| enters
+    if TRAINING:
         if UPDATE_RUNNING:
             if j == 0:
                 rm = tl.load(rmean_ptr + c).to(ACC)
@@ -497,7 +512,6 @@ def batch_norm_fwd_kernel(
     shift = 0.0
     if HAS_B:
         shift = tl.load(b_ptr + c).to(ACC)
-    x_c = x_ptr + c.to(tl.int64) * sxc
     y_c = y_ptr + c.to(tl.int64) * syc
     t0 = j * TPP
     for t in range(t0, tl.minimum(t0 + TPP, T)):
@@ -609,7 +623,8 @@ def batch_norm_fwd(x: torch.Tensor, weight, bias, running_mean, running_var, num
     rstd = torch.empty(C, dtype=acc, device=x.device)
     BN, BS, TS, T, TPP, split = _bn_grid(N, C, S, x.device)
     part = mean
-    if training:
+    one_tile = training and T == 1
+    if training and not one_tile:
         part = torch.empty(C, split, 4, dtype=acc, device=x.device)
         batch_norm_stats_kernel[(C * split,)](
             x3, part, N, S, *x3.stride(), TS, T, TPP, split, ACC=compute_dtype(x.dtype), BN=BN, BS=BS,
@@ -622,7 +637,8 @@ def batch_norm_fwd(x: torch.Tensor, weight, bias, running_mean, running_var, num
         num_batches_tracked if num_batches_tracked is not None and update else torch.zeros(1, dtype=torch.int64, device=x.device),
         mean, rstd, part, N, S, *x3.stride(), *y3.stride(), TS, T, TPP, split, _float_bits(eps), _float_bits(momentum),
         TRAINING=training, UPDATE_RUNNING=update, HAS_W=weight is not None, HAS_B=bias is not None,
-        ACC=compute_dtype(x.dtype), BN=BN, BS=BS, BLOCK_P=triton.next_power_of_2(split), num_warps=BN_WARPS)
+        ONE_TILE=one_tile, ACC=compute_dtype(x.dtype), BN=BN, BS=BS, BLOCK_P=triton.next_power_of_2(split),
+        num_warps=BN_WARPS)
     return y, mean, rstd
 
 
