@@ -62,14 +62,16 @@ BLOCK = 1024      # elements per program of the merge, gather and scatter passes
 MERGE_BLOCK = 1024  # outputs per program of the merge-path merge of packed keys (a power of two)
 # Radix select (topk/kthvalue/draws of k in [SELECT_MIN_K, SELECT_MAX_K] out of rows longer than a
 # tile): 8-bit digit histograms find the k-th key, the k selected are then sorted in one tl.sort.
-# H100, rows of 32k/128k fp32: the select took 0.34-0.40 ms at any k, the capped merges 0.19 ms at
-# k = 50 and 0.47 ms at k = 1024 (bench/results/sort_variants.txt); 512 is between, not measured.
-SELECT_MIN_K, SELECT_MAX_K = 512, 4096
-SELECT_BLOCK = 4096  # elements per chunk of a select program's loop
-# Programs per select pass, all rows together (a row gets cdiv(SELECT_PROGRAMS, M), at least 1):
-# H100, 256 rows of 32k and 64 of 128k, 256-2048 programs: 2048 (one chunk each) was fastest.
-SELECT_PROGRAMS = 2048
-SELECT_WARPS = 8
+# H100, rows of 32k/128k fp32 (bench/results/sort_variants.txt): the select takes 0.19-0.24 ms at
+# any k; the capped merges 0.19-0.20 ms at k = 50, 0.22-0.23 at 128, 0.30 at 256, 0.47 at 1024.
+SELECT_MIN_K, SELECT_MAX_K = 128, 4096
+# A select pass runs SELECT_PROGRAMS programs over all rows (a row gets cdiv(SELECT_PROGRAMS, M),
+# at least 1), each looping over its span in chunks of SELECT_BLOCK. H100, 256 rows of 32k and 64
+# of 128k: 4096 programs of one 2048-element chunk on 4 warps were fastest of 256-4096 programs,
+# chunks of 2048/4096 and 4/8 warps (the programs are latency-bound: more of them in flight help).
+SELECT_PROGRAMS = 4096
+SELECT_BLOCK = 2048
+SELECT_WARPS = 4
 # Pass 0 counts every element (tl.histogram: per-program counts, 256 atomics); later passes count
 # only the few elements under the prefix, by masked atomics (tl.histogram's cost does not shrink
 # with its mask). MERGE: how packed runs merge: "lanes" (merge path per lane, MERGE_SEQ outputs a
