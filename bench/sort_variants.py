@@ -11,11 +11,17 @@ in the same process, as "before": its sort and topk at its own defaults.
 from __future__ import annotations
 
 import argparse
+import glob
 import importlib.util
+import os
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if "--registers" in sys.argv:  # compiled for the H100 here, not interpreted (no GPU needed)
+    os.environ["TRITON_INTERPRET"] = "0"
 
 import torch  # noqa: E402
 
@@ -55,7 +61,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--baseline", default=None, help="an earlier sort.py, timed as 'before'")
     ap.add_argument("--profile", action="store_true", help="kernel times of the select (torch.profiler)")
+    ap.add_argument("--registers", action="store_true",
+                    help="registers/spills of the select kernels compiled for sm_90a by ptxas (runs on a CPU)")
     args = ap.parse_args()
+    if args.registers:
+        _registers()
+        return
     base = _load(args.baseline) if args.baseline else None
     settings = ("SELECT_MIN_K", "SELECT_PROGRAMS", "SELECT_ATOMIC_PASSES", "SELECT_BLOCK", "SELECT_WARPS")
     defaults = {name: getattr(SO, name) for name in settings}
@@ -112,6 +123,36 @@ def _profile() -> None:
         except Exception:  # older torch names it after CUDA
             table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=14, max_name_column_width=40)
         print(table, flush=True)
+
+
+
+def _registers() -> None:
+    """ptxas -v of the select kernels at their bench settings (256 rows of 32k, fp32, largest):
+    registers per thread bound how many programs an SM holds, and these programs are latency-bound."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    ptxas = glob.glob(str(Path(triton.__file__).parent / "backends/nvidia/bin/ptxas"))[0]
+    types = dict(x_ptr="*fp32", hist_ptr="*i32", ticket_ptr="*i32", state_ptr="*i64", count_ptr="*i32",
+                 order_ptr="*i64", M="i32", N="i32", k="i32", G="i32", span="i32", chunks="i32",
+                 stride_xm="i32", stride_xn="i32")
+    for fn, label, const in ((SO._select_pass_kernel, "pass 0", dict(PASS=0, ATOMIC=False)),
+                             (SO._select_pass_kernel, "pass 1", dict(PASS=1, ATOMIC=True)),
+                             (SO._select_take_kernel, "take", dict(PASSES=6))):
+        for warps, block in ((SO.SELECT_WARPS, SO.SELECT_BLOCK), (8, 4096)):
+            names = fn.arg_names
+            consts = dict(DESCENDING=True, IB=16, BLOCK=block, **const)
+            src = ASTSource(fn=fn, signature={n: types.get(n, "constexpr") for n in names},
+                            constexprs={(names.index(n),): v for n, v in consts.items()})
+            kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+            with tempfile.TemporaryDirectory() as tmp:
+                ptx = Path(tmp) / "k.ptx"
+                ptx.write_text(kernel.asm["ptx"])
+                out = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", str(ptx), "-o", str(ptx.with_suffix(".o"))],
+                                     capture_output=True, text=True)
+            info = " ".join(line.split("info    : ")[-1].strip() for line in out.stderr.splitlines()
+                            if "registers" in line or "spill" in line)
+            print(f"{label} ({warps} warps, chunks of {block}): {info}", flush=True)
 
 
 if __name__ == "__main__":
