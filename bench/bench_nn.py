@@ -231,10 +231,11 @@ def batch_norm_sweep(device, baseline: str | None, small: bool) -> None:
     bench = Smoke() if small else Bench("nn_batch_norm")
     old = _load(os.path.join(baseline, "norm.py"), "norm_before") if baseline else None
     default = KN.BN_TILE, KN.BN_PROGRAMS_PER_SM, KN.BN_WARPS
-    for shape, dtype, layout in ((((8, 16, 6, 6), torch.float32, "nchw"),) if small else
-                                 (((64, 256, 28, 28), torch.float32, "nchw"), ((64, 256, 28, 28), torch.bfloat16, "nchw"),
-                                  ((64, 256, 28, 28), torch.float32, "nhwc"), ((256, 64, 56, 56), torch.float32, "nchw"),
-                                  ((64, 512, 7, 7), torch.float32, "nchw"), ((8192, 1024), torch.float32, "nchw"))):
+    f32, b16 = torch.float32, torch.bfloat16
+    for shape, dtype, layout in ((((8, 16, 6, 6), f32, "nchw"),) if small else
+                                 (((64, 256, 28, 28), f32, "nchw"), ((64, 256, 28, 28), b16, "nchw"),
+                                  ((64, 256, 28, 28), f32, "nhwc"), ((256, 64, 56, 56), f32, "nchw"),
+                                  ((64, 512, 7, 7), f32, "nchw"), ((8192, 1024), f32, "nchw"))):
         x = torch.randn(shape).to(device=device, dtype=dtype)
         if layout == "nhwc":
             x = x.contiguous(memory_format=torch.channels_last)
@@ -281,7 +282,8 @@ def _profile_batch_norm(device) -> None:
 
     for shape in ((64, 256, 28, 28), (64, 512, 7, 7)):
         x = torch.randn(shape, device=device)
-        w, rm, rv = torch.randn(shape[1], device=device), torch.zeros(shape[1], device=device), torch.ones(shape[1], device=device)
+        C = shape[1]
+        w, rm, rv = torch.randn(C, device=device), torch.zeros(C, device=device), torch.ones(C, device=device)
         for name, fn in (("ge2", lambda: call("batch_norm", x, w, w, rm, rv, None, training=True)),
                          ("torch", lambda: TF.batch_norm(x, rm, rv, w, w, training=True))):
             for _ in range(3):

@@ -53,9 +53,9 @@ MAX_BLOCK_N = 4096  # row chunk; longer rows are swept in chunks of this size
 TILE = 4096  # elements per program tile when rows fit one chunk (BLOCK_M = TILE // BLOCK_N rows)
 BWD_PROGRAMS_PER_SM = 2  # backward, rows that fit one tile: persistent programs per SM
 ROWS_PER_PROGRAM = 32  # backward, longer rows: rows sharing one partial-sum row for dw/db
-# BatchNorm: tiles of 2048-8192 elements, 4-16 programs per SM and 4 or 8 warps were swept on the H100 at
-# 64x256x28x28 fp32 (bench_nn.py --bn at 4094abc, bench/results/nn_batch_norm_sweep.json): 4096 / 16 / 4 was within 3% of
-# the best forward and backward; 8192 with 4 programs per SM left most SMs idle (0.13 ms).
+# BatchNorm: tiles of 2048-8192 elements, 4-16 programs per SM and 4 or 8 warps were swept on the H100
+# at 64x256x28x28 fp32 (bench_nn.py --bn at 4094abc, bench/results/nn_batch_norm_sweep.json): 4096 / 16 / 4
+# was within 3% of the best forward and backward; 8192 with 4 programs per SM left SMs idle (0.13 ms).
 BN_TILE = 4096  # elements of a [BN, BS] tile of one channel's [N, S] plane
 BN_PROGRAMS_PER_SM = 16  # each channel's tiles are split so that the grid has ~this many programs an SM
 BN_WARPS = 4
