@@ -197,6 +197,21 @@ def test_topk_radix_select(monkeypatch, programs, atomic):
     assert same(values, ref.values) and same(torch.gather(x, 1, indices[:, None])[:, 0], values)
 
 
+def test_topk_select_row_limit(monkeypatch):
+    """Rows longer than SELECT_MAX_N (2^24: the index's bits must fit beside the key's in an int64)
+    take the capped merges, not the radix select."""
+    monkeypatch.setattr(SO, "PACKED_SORT", True)
+    monkeypatch.setattr(SO, "TILE", 8)
+    monkeypatch.setattr(SO, "SELECT_MIN_K", 1)
+    monkeypatch.setattr(SO, "SELECT_MAX_N", 32)
+
+    def refuse(*args):
+        raise AssertionError("the radix select took a row longer than SELECT_MAX_N")
+
+    monkeypatch.setattr(SO, "select_rows", refuse)
+    check_topk((2 * sample(2, 33, seed=29)).round(), 5)
+
+
 def test_sort_api_and_gradient():
     x = sample(4, 7, seed=11)
     t = ge2.from_torch(x)

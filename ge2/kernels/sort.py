@@ -65,6 +65,9 @@ MERGE_BLOCK = 1024  # outputs per program of the merge-path merge of packed keys
 # H100, rows of 32k/128k fp32 (bench/results/sort_variants.txt): the select takes 0.19-0.24 ms at
 # any k; the capped merges 0.19-0.20 ms at k = 50, 0.22-0.23 at 128, 0.30 at 256, 0.47 at 1024.
 SELECT_MIN_K, SELECT_MAX_K = 128, 4096
+# The select's (key + 2^31) << IB | index must stay below 2^63: IB <= 24 bits of index, rows of at
+# most 2^24 (longer rows take the capped merges).
+SELECT_MAX_N = 2**24
 # A select pass runs SELECT_PROGRAMS programs over all rows (a row gets cdiv(SELECT_PROGRAMS, M),
 # at least 1), each looping over its span in chunks of SELECT_BLOCK. H100, 256 rows of 32k and 64
 # of 128k: 4096 programs of one 2048-element chunk on 4 warps were fastest of 256-4096 programs,
@@ -300,7 +303,7 @@ def sorted_rows(x2: torch.Tensor, descending: bool, cap: int | None = None) -> t
     M, N = x2.shape
     cap = N if cap is None else min(cap, N)
     packed = x2.dtype not in _WIDE_KEYS and PACKED_SORT
-    if packed and N > TILE and SELECT_MIN_K <= cap <= min(SELECT_MAX_K, N - 1):
+    if packed and TILE < N <= SELECT_MAX_N and SELECT_MIN_K <= cap <= min(SELECT_MAX_K, N - 1):
         return select_rows(x2, descending, cap)
     tile = min(TILE if packed else RANK_TILE, triton.next_power_of_2(N))
     kept = min(tile, cap)
