@@ -29,14 +29,14 @@ each lane then writes its MERGE_SEQ outputs by taking the smaller head of the tw
 and the draw without replacement cap every run at k: a tile keeps only its k best and a merge
 writes only the first k of each merged pair.
 
-**Radix select.** For SELECT_MIN_K <= k <= 4096 out of rows longer than a tile (packed keys), the first k
-are found without sorting the row: (key + 2^31) << IB | index is one non-negative number per
-element, unique; pass p histograms its digit p (8 bits from the top) over the elements whose
-higher digits equal the prefix chosen so far, until the chosen bin holds exactly what is still
-needed (the index digits only run on a tie at the k-th place). A row's G programs each loop over
-a span of it; the last of them to finish a pass (a ticket) makes the row's choice and writes it
-as the row's state, which each program of the next pass reads once. The k selected are written in any order and
-sorted by one tl.sort per row.
+**Radix select.** For SELECT_MIN_K <= k <= 4096 out of rows longer than a tile and at most
+SELECT_MAX_N long (packed keys), the first k are found without sorting the row: (key + 2^31) << IB
+| index is one non-negative number per element, unique; pass p histograms its digit p (8 bits from
+the top) over the elements whose higher digits equal the prefix chosen so far, until the chosen
+bin holds exactly what is still needed (the index digits only run on a tie at the k-th place). A
+row's G programs each loop over a span of it; the last of them to finish a pass (a ticket) makes
+the row's choice and writes it as the row's state, which each program of the next pass reads
+once. The k selected are written in any order and sorted by one tl.sort per row.
 
 **multinomial.** With replacement: one scan of each row's weights gives the CDF (fp32, fp64 for
 fp64), each draw u = rand(seed, offset + row * S + s) (ge2's device-side Philox state, as dropout)
