@@ -67,6 +67,8 @@ EXTRA_CONFIGS_16BIT = [
     gemm_kernels._tma_cfg(128, 256, 64, 8, 4, group_m=16),
     gemm_kernels._tma_cfg(128, 128, 64, 8, 5),
     gemm_kernels._tma_cfg(128, 256, 32, 8, 6),
+    gemm_kernels._tma_cfg(128, 256, 64, 8, 3, epi_split=True),  # the epilogue in two 128-wide halves
+    gemm_kernels._tma_cfg(128, 256, 64, 8, 4, epi_split=True),
 ]
 DTYPES = {  # name -> (torch dtype, fp32 precision)
     "bf16": (torch.bfloat16, "ieee"),
@@ -223,6 +225,8 @@ def _rows(args) -> list[tuple[int, int, int, str, str, bool, bool, bool]]:
     if args.shapes in ("mlp", "gpt"):
         for dtype_name in args.dtypes.split(","):
             for M, N, K, act in (MLP_SHAPES if args.shapes == "mlp" else GPT_SHAPES):
+                if only is not None and f"{M}x{N}x{K}" not in only:
+                    continue
                 backward = args.bwd == "all"
                 rows.append((M, N, K, act, dtype_name, True, backward, False))
     if args.shapes in ("sweep", "all"):
@@ -270,7 +274,7 @@ def main() -> None:
     parser.add_argument("--variants", action="store_true", help="add a column for the non-TMA kernel")
     parser.add_argument("--name", default=None, help="JSON name under bench/results/ (default gemm_<mode>)")
     parser.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"), help="only plot a saved sweep")
-    parser.add_argument("--only", default=None, help="main shapes to run, e.g. 4096x4096x4096,512x784x1024")
+    parser.add_argument("--only", default=None, help="shapes to run, e.g. 4096x4096x4096,512x784x1024")
     parser.add_argument("--bwd", default="all",
                         help="fwd+bwd rows: all (of the --only shapes), none, or a list of main shapes")
     parser.add_argument("--precompile", action="store_true", help="compile the TMA configs in parallel first")
