@@ -274,27 +274,32 @@ def batch_norm_sweep(device, baseline: str | None, small: bool) -> None:
     bench.report()
 
 
+def _kernel_table(title: str, fn, rows: int) -> None:
+    """Print the CUDA-time table of 10 calls of fn (after 3 warm-up calls) under ``title``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+    print(f"--- {title}, 10 calls")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows))
+
+
 def _profile_batch_norm(device) -> None:
     """Kernel table (CUDA time) of ge2's and torch's batch_norm forward at two shapes."""
     if device.type != "cuda":
         return
-    from torch.profiler import ProfilerActivity, profile
-
     for shape in ((64, 256, 28, 28), (64, 512, 7, 7)):
         x = torch.randn(shape, device=device)
         C = shape[1]
         w, rm, rv = torch.randn(C, device=device), torch.zeros(C, device=device), torch.ones(C, device=device)
         for name, fn in (("ge2", lambda: call("batch_norm", x, w, w, rm, rv, None, training=True)),
                          ("torch", lambda: TF.batch_norm(x, rm, rv, w, w, training=True))):
-            for _ in range(3):
-                fn()
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(10):
-                    fn()
-                torch.cuda.synchronize()
-            print(f"--- {name} batch_norm fwd {shape}, 10 calls")
-            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=6))
+            _kernel_table(f"{name} batch_norm fwd {shape}", fn, 6)
 
 
 def _load(path: str, name: str):
@@ -377,8 +382,6 @@ def _profile(device) -> None:
     """Kernel table (CUDA time) of torch's and ge2's layer_norm backward at 8192x4096 bf16."""
     if device.type != "cuda":
         return
-    from torch.profiler import ProfilerActivity, profile
-
     M, N = 8192, 4096
     x, gy = (torch.randn(M, N).to(device=device, dtype=torch.bfloat16) for _ in range(2))
     w = torch.randn(N).to(device=device, dtype=torch.bfloat16)
@@ -387,15 +390,7 @@ def _profile(device) -> None:
     _, mean, rstd = call("layer_norm", x, w, w, normalized_shape=(N,), eps=1e-5)
     for name, fn in (("torch", lambda: torch.autograd.grad(ty, (tx, tw, tb), gy, retain_graph=True)),
                      ("ge2", lambda: call("layer_norm_backward", gy, x, w, mean, rstd, normalized_shape=(N,)))):
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(10):
-                fn()
-            torch.cuda.synchronize()
-        print(f"--- {name} layer_norm backward {M}x{N} bf16, 10 calls")
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8))
+        _kernel_table(f"{name} layer_norm backward {M}x{N} bf16", fn, 8)
 
 
 GROUPS = ("optim", "gpt_optim", "norm", "gpt_norm", "other")

@@ -102,13 +102,16 @@ def main() -> None:
         loss.backward()
         opt.step()
 
-    def torch_step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            _, loss = ref(x, y)
-        ref_opt.zero_grad(set_to_none=True)
-        loss.backward()
-        ref_opt.step()
+    def torch_step_of(model, model_opt):
+        def step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                _, loss = model(x, y)
+            model_opt.zero_grad(set_to_none=True)
+            loss.backward()
+            model_opt.step()
+        return step
 
+    torch_step = torch_step_of(ref, ref_opt)
     for step in (ge2_step, torch_step):
         for _ in range(3):
             step()
@@ -116,15 +119,7 @@ def main() -> None:
     show(f"ge2 {args.model}", kernel_table(ge2_step, args.steps), args.rows)
     show(f"torch {args.model}", kernel_table(torch_step, args.steps), args.rows)
     if args.compile:
-        compiled, compiled_opt = torch.compile(ref), ref.configure_optimizer(GPT_LR, fused=True)
-
-        def compiled_step():
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                _, loss = compiled(x, y)
-            compiled_opt.zero_grad(set_to_none=True)
-            loss.backward()
-            compiled_opt.step()
-
+        compiled_step = torch_step_of(torch.compile(ref), ref.configure_optimizer(GPT_LR, fused=True))
         for _ in range(3):
             compiled_step()
         torch.cuda.synchronize()
