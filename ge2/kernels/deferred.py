@@ -43,16 +43,18 @@ class DeferredCounts:
             if n_bad:
                 raise ValueError(message(n_bad))
             return
-        host = next((h for h in self._pinned if h.dtype == count.dtype), None)
-        if host is None:
-            host = torch.empty(1, dtype=count.dtype, pin_memory=True)
-        else:
-            self._pinned.remove(host)
-        host.copy_(count.reshape(1), non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        self._pending.append((message, host, done))
-        self.poll(count.device)  # an earlier call's count that has landed (a replayed call runs only its host steps)
+        try:  # earlier calls' counts that have landed first (a replayed call runs only its host steps) ...
+            self.poll(count.device)
+        finally:  # ... and this call's count queued even when one of them raises
+            host = next((h for h in self._pinned if h.dtype == count.dtype), None)
+            if host is None:
+                host = torch.empty(1, dtype=count.dtype, pin_memory=True)
+            else:
+                self._pinned.remove(host)
+            host.copy_(count.reshape(1), non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            self._pending.append((message, host, done))
 
     def poll(self, device: torch.device) -> None:
         """Raise a pending count whose copy has landed, without waiting (not inside a capture: no event query there)."""
