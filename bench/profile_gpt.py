@@ -77,6 +77,15 @@ def host_profile(step, steps: int, rows: int) -> None:
     stats = pstats.Stats(prof)
     stats.sort_stats("tottime").print_stats(rows)
     stats.sort_stats("cumulative").print_stats(rows)
+    # the C side cProfile cannot see: allocations, launches, torch copies/fills made from ge2's C replays
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as ops:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    print(f"torch.profiler, CPU side, {steps} steps:")
+    print(ops.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
 
 
 def main() -> None:
