@@ -24,63 +24,69 @@ if mode == "noempty":
     torch.cuda.empty_cache = lambda: None
 if mode == "nohostempty":
     torch._C._host_emptyCache = lambda: None
-if mode == "keepall":  # candidate fix: the graph keeps every tensor its launches were given
-    orig_cap = graphs.CapturedStep._capture
-    def _cap(self, items, warm):
+
+
+def after_each_capture(after) -> None:
+    """Wrap graphs.CapturedStep._capture: after(step, graph, recorders) sees what each capture launched."""
+    capture = graphs.CapturedStep._capture
+
+    def wrapped(self, items, warm):
         made = []
         init0 = graphs._Launches.__init__
+
         def init(rec):
-            init0(rec); made.append(rec)
+            init0(rec)
+            made.append(rec)
+
         graphs._Launches.__init__ = init
         try:
-            g, fp = orig_cap(self, items, warm)
+            graph, fingerprint = capture(self, items, warm)
         finally:
             graphs._Launches.__init__ = init0
-        for rec in made:
-            for k, plan, values in rec.launches:
-                g.keep.append(values)
-        return g, fp
-    graphs.CapturedStep._capture = _cap
+        after(self, graph, made)
+        return graph, fingerprint
+
+    graphs.CapturedStep._capture = wrapped
+
+
+def keep_all(step, graph, made) -> None:
+    """Candidate fix: the graph keeps every tensor its launches were given."""
+    graph.keep.extend(values for rec in made for _, _, values in rec.launches)
+
 
 records = []
+
+
+def addresses(step, graph, made) -> None:
+    """Every address the repeat graph's launches (and optimizer tables) point to, for ``diag``."""
+    torch.cuda.synchronize()
+    if step.repeat == 1:
+        return
+    for rec in made:
+        for k, plan, values in rec.launches:
+            if k is None:
+                continue
+            name = graphs._kernel_name(k).split(".")[-1]
+            addrs = []
+            for j, v in enumerate(values):
+                if isinstance(v, torch.Tensor):
+                    addrs.append((j, v.data_ptr()))
+                elif type(v) is int and v > (1 << 32):
+                    addrs.append((j, v))
+                elif hasattr(v, "base") and hasattr(v.base, "data_ptr"):
+                    addrs.append((j, v.base.data_ptr()))
+            if "optim" in graphs._kernel_name(k) or "sgd" in name:
+                t = values[0]
+                if isinstance(t, torch.Tensor) and t.dtype == torch.int64 and t.dim() == 2:
+                    for row in t.cpu().tolist():
+                        addrs += [("table", c) for c in row[:4] if c]
+            records.append((name, addrs))
+
+
+if mode == "keepall":
+    after_each_capture(keep_all)
 if mode == "diag":
-    orig_cap = graphs.CapturedStep._capture
-    def _cap(self, items, warm):
-        made = []
-        init0 = graphs._Launches.__init__
-        def init(rec):
-            init0(rec); made.append(rec)
-        graphs._Launches.__init__ = init
-        try:
-            g, fp = orig_cap(self, items, warm)
-        finally:
-            graphs._Launches.__init__ = init0
-        torch.cuda.synchronize()
-        if self.repeat == 1:
-            return g, fp
-        for rec in made:
-            for k, plan, values in rec.launches:
-                if k is None:
-                    continue
-                name = graphs._kernel_name(k).split(".")[-1]
-                addrs = []
-                for j, v in enumerate(values):
-                    if isinstance(v, torch.Tensor):
-                        addrs.append((j, v.data_ptr()))
-                    elif type(v) is int and v > (1 << 32):
-                        addrs.append((j, v))
-                    elif hasattr(v, "base") and hasattr(v.base, "data_ptr"):
-                        addrs.append((j, v.base.data_ptr()))
-                if "optim" in graphs._kernel_name(k) or "sgd" in name:
-                    t = values[0]
-                    if isinstance(t, torch.Tensor) and t.dtype == torch.int64 and t.dim() == 2:
-                        for row in t.cpu().tolist():
-                            for c in row[:4]:
-                                if c:
-                                    addrs.append(("table", c))
-                records.append((name, addrs))
-        return g, fp
-    graphs.CapturedStep._capture = _cap
+    after_each_capture(addresses)
 
 (ref, mine, shape), (_, mine2, _) = bt.mlp_pair(), bt.mlp_pair()
 dev = ge2.device()
