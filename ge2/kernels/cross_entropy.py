@@ -593,8 +593,8 @@ def _bad_targets_message(op: str, n_bad: int, n_classes: int, ignore_index: int)
 def check_pending_targets(wait: bool = True) -> None:
     """Raise the first out-of-range target count left by earlier GPU calls (waiting for them if ``wait``).
 
-    Called without waiting at the start of every class-target op (cross_entropy, nll_loss,
-    linear_cross_entropy); call it with wait=True where an error must surface (end of a step).
+    Each later class-target call (cross_entropy, nll_loss, linear_cross_entropy) raises the landed
+    ones without waiting; call it with wait=True where an error must surface (end of a step).
     """
     _DEFERRED.raise_pending(wait)
 

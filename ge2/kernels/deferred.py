@@ -44,7 +44,7 @@ class DeferredCounts:
                 raise ValueError(message(n_bad))
             return
         try:  # earlier calls' counts that have landed first (a replayed call runs only its host steps) ...
-            self.poll(count.device)
+            self.raise_pending(wait=False)
         finally:  # ... and this call's count queued even when one of them raises
             host = next((h for h in self._pinned if h.dtype == count.dtype), None)
             if host is None:
@@ -55,11 +55,6 @@ class DeferredCounts:
             done = torch.cuda.Event()
             done.record()
             self._pending.append((message, host, done))
-
-    def poll(self, device: torch.device) -> None:
-        """Raise a pending count whose copy has landed, without waiting (not inside a capture: no event query there)."""
-        if self._pending and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            self.raise_pending(wait=False)
 
     def raise_pending(self, wait: bool = True) -> None:
         """Raise the first non-zero pending count (waiting for the copies if ``wait``)."""

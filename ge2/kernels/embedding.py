@@ -3,8 +3,9 @@
 Forward copies row ``weight[idx[i]]`` for each index (one program per (index block, column
 block)). An out-of-range index writes NaN in its row, never reads out of bounds, and counts in
 a device flag, raised as a clear error as the indexing ops' counts are (``scatter.report_bad_indices``:
-at once on the CPU or with check=True, on the GPU by default without a host sync, by a later call). Backward adds each gy row into dweight[idx[i]] with atomics (fp32 accumulation, fp64 for an
-fp64 table; order of additions, so the last bits, can vary between GPU runs), skipping ``padding_idx``.
+at once on the CPU or with check=True, on the GPU by default without a host sync, by a later call).
+Backward adds each gy row into dweight[idx[i]] with atomics (fp32 accumulation, fp64 for an fp64
+table; order of additions, so the last bits, can vary between GPU runs), skipping ``padding_idx``.
 """
 from __future__ import annotations
 
