@@ -121,6 +121,7 @@ def _tuning_times(tuner) -> dict[str, float]:
     for cfg, t in (getattr(tuner, "configs_timings", None) or {}).items():
         k = cfg.kwargs
         name = f"{k['BLOCK_M']}x{k['BLOCK_N']}x{k['BLOCK_K']} w{cfg.num_warps} s{cfg.num_stages}"
+        name += " epi-split" if k.get("EPI_SPLIT") else ""  # else a split config overwrites its unsplit twin
         out[name] = round(float(t[0] if isinstance(t, (list, tuple)) else t), 4)
     return out
 
