@@ -1,11 +1,17 @@
 """Where a GPT training step's GPU time goes: ge2's kernels and torch's side by side (torch.profiler).
 
     PYTHONPATH=. python3 bench/profile_gpt.py [--model gpt-char|gpt2-small] [--steps 3] [--rows 25] [--host] [--compile]
+        [--gemms]
 
 Runs bench_train's GPT step (bf16 autocast, AdamW) eagerly on both sides, after warm-up, under
 ``torch.profiler`` and prints each side's kernels by total GPU time per step (kernel name, calls
 per step, ms per step, share of the step). Eager steps launch the same kernels a captured step
 replays, so the device time per kernel is the captured step's.
+
+``--gemms`` records every GEMM launch of one ge2 step (call plans off, so each goes through
+``gemm._launch``) and times each distinct one alone, as CUDA-graph replays, against cuBLAS's
+``torch.mm`` of the same operand views (the GEMM floor: no epilogue on cuBLAS's side), largest
+loss per step first; ``bench/results/gemm_gpt_step_<model>.json``.
 """
 from __future__ import annotations
 
@@ -88,6 +94,61 @@ def host_profile(step, steps: int, rows: int) -> None:
     print(ops.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
 
 
+def _gemm_signature(a_view, b_view, y, kw) -> tuple:
+    """What picks a GEMM's kernel and config: sizes, operand majorness, dtypes, epilogue."""
+    (a, (_, sam, sak), batch, M, K), (b, (_, sbk, sbn), _, _, N) = a_view, b_view
+    epilogue = tuple(sorted((k, v if isinstance(v, (int, float, str, bool)) else v is not None)
+                            for k, v in kw.items() if v is not None))
+    return (M, N, K, batch, sak == 1, sbk == 1, str(a.dtype).split(".")[1], str(y.dtype).split(".")[1], epilogue)
+
+
+def gemm_breakdown(step, model: str) -> None:
+    """Each distinct GEMM launch of one ge2 step timed alone against cuBLAS's mm of the same operands."""
+    from bench.harness import Bench
+    from ge2.backend import call_plans
+    from ge2.kernels import gemm as G
+
+    seen: dict[tuple, list] = {}  # signature -> [launches per step, (a_view, b_view, y, kwargs)]
+    launch = G._launch
+
+    def recording(a_view, b_view, y, **kw):
+        entry = seen.setdefault(_gemm_signature(a_view, b_view, y, kw), [0, (a_view, b_view, y, kw)])
+        entry[0] += 1
+        return launch(a_view, b_view, y, **kw)
+
+    G._launch, call_plans.ENABLED = recording, False
+    try:
+        step()
+        torch.cuda.synchronize()
+    finally:
+        G._launch, call_plans.ENABLED = launch, True
+    bench = Bench(f"gemm_gpt_step_{model}", cuda_graph=True)
+    for sig, (count, (a_view, b_view, y, kw)) in seen.items():
+        (a, (_, sam, sak), batch, M, K), (b, (_, sbk, sbn), _, _, N) = a_view, b_view
+        labels = dict(zip(("M", "N", "K", "batch", "a_kmajor", "b_kmajor", "dtype", "out"), sig[:8]))
+        labels["epilogue"] = ",".join(f"{k}={v}" for k, v in sig[8]) or "-"
+        labels["per_step"] = count
+        mm = None
+        if batch == 1 and not kw.get("reduce_batch"):
+            lhs, rhs = torch.as_strided(a, (M, K), (sam, sak)), torch.as_strided(b, (K, N), (sbk, sbn))
+            mm = lambda lhs=lhs, rhs=rhs: torch.mm(lhs, rhs)  # noqa: E731
+        tuners = (G.gemm_tma_kernel, G.gemm_epilogue_kernel)
+        for tuner in tuners:  # off the repeated-call path, so that best_config names this call's pick
+            tuner._fast.clear()
+            tuner.best_config = None
+        launch(a_view, b_view, y, **kw)
+        config = next((f"{t.fn.__name__}: {t.best_config}" for t in tuners if t.best_config is not None), "-")
+        row = bench.add(labels, flops=2.0 * M * N * K * batch,
+                        ge2=lambda args=(a_view, b_view, y), kw=kw: launch(*args, **kw), mm=mm)
+        row["config"] = config
+        if row.get("mm_ms"):
+            row["lost_ms_per_step"] = count * (row["ge2_ms"] - row["mm_ms"])
+    bench.rows.sort(key=lambda r: -r.get("lost_ms_per_step", 0.0))
+    total = {k: sum(r["per_step"] * r[f"{k}_ms"] for r in bench.rows if r.get("mm_ms")) for k in ("ge2", "mm")}
+    bench.report(gemm_ms_per_step=total)
+    print(f"GEMMs per step: ge2 {total['ge2']:.2f} ms, cuBLAS mm {total['mm']:.2f} ms (rows with an mm twin)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=sorted(GPT_CONFIGS), default="gpt2-small")
@@ -95,6 +156,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=25)
     ap.add_argument("--host", action="store_true", help="also ge2's host time per eager step and a cProfile table")
     ap.add_argument("--compile", action="store_true", help="also torch.compile's step (compiled outside the profile)")
+    ap.add_argument("--gemms", action="store_true", help="only: time each GEMM of the ge2 step against cuBLAS's mm")
     args = ap.parse_args()
     cfg, batch = GPT_CONFIGS[args.model]
     ref, mine = gpt_pair(cfg)
@@ -125,6 +187,9 @@ def main() -> None:
         for _ in range(3):
             step()
     torch.cuda.synchronize()
+    if args.gemms:
+        gemm_breakdown(ge2_step, args.model)
+        return
     show(f"ge2 {args.model}", kernel_table(ge2_step, args.steps), args.rows)
     show(f"torch {args.model}", kernel_table(torch_step, args.steps), args.rows)
     if args.compile:

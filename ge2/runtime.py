@@ -176,11 +176,13 @@ def autotune(configs: list[triton.Config], key: list[str], default: int | triton
     ``default`` (an index into ``configs`` or a Config) is the designated config used where tuning
     cannot run: the interpreter fails on multi-config autotune, and tuning there would measure
     nothing anyway. It is also the baseline that ``ge2 autotune`` reports speed-ups against.
+    ``exact_keys``: key names whose values are codes, stored unbucketed (``ge2.tuning``).
     Extra kwargs (``prune_configs_by``, ``reset_to_zero``, ``do_bench``, ...) pass to Triton.
     """
     if not configs:
         raise ValueError("autotune: configs must not be empty")
     pinned = configs[default] if isinstance(default, int) else default
+    exact_keys = tuple(kwargs.pop("exact_keys", ()))
     if INTERPRETER:
         kwargs.pop("prune_configs_by", None)
         return triton.autotune(configs=[pinned], key=key, **kwargs)
@@ -191,6 +193,6 @@ def autotune(configs: list[triton.Config], key: list[str], default: int | triton
 
     def decorator(fn):
         return PersistentAutotuner(fn, fn.arg_names, configs, key, reset_to_zero, restore_value,
-                                   default_config=pinned, **kwargs)
+                                   default_config=pinned, exact_keys=exact_keys, **kwargs)
 
     return decorator

@@ -6,8 +6,8 @@ model (``NVIDIA_H100_80GB_HBM3.json``) in ``$GE2_CACHE_DIR`` (default ``~/.cache
 defaults shipped inside the package (``ge2/tuned/``). A hit is used without benchmarking; a miss is
 tuned by Triton as usual and the winner, with its measured time, is written back (atomically).
 
-Keys: kernel (module.name), the kernel's autotune key values with integer sizes bucketed, and the
-dtypes of its tensor arguments. Bucketing rounds a size up to the next value of the series
+Keys: kernel (module.name), the kernel's autotune key values with integer sizes bucketed (codes
+named in ``exact_keys`` kept as they are), and the dtypes of its tensor arguments. Bucketing rounds a size up to the next value of the series
 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (powers of two and 1.5x powers of two): the best tile shape
 changes with how many tiles fill the GPU, which moves on a geometric scale, so a config tuned for a
 size stays within ~1.5x of the shapes that reuse it while a model's shapes map to a few entries.
@@ -144,7 +144,8 @@ def store() -> TuningStore:
 class PersistentAutotuner(Autotuner):
     """triton's Autotuner that consults and fills the tuning store; counts what it benchmarked."""
 
-    def __init__(self, *args, default_config: triton.Config | None = None, **kwargs):
+    def __init__(self, *args, default_config: triton.Config | None = None, exact_keys: tuple[str, ...] = (),
+                 **kwargs):
         super().__init__(*args, **kwargs)
         self.default_config = default_config or self.configs[0]
         self.space = space_hash(self.configs)
@@ -153,6 +154,9 @@ class PersistentAutotuner(Autotuner):
         self.stored_hits = 0
         # The repeated-call fast path: (key values, argument dtypes) -> the chosen config's kwargs.
         self._key_index = [self.arg_names.index(k) for k in self.keys]
+        # key values stored as they are, not bucketed: codes (an activation, a mode), where nearby
+        # integers mean unrelated things
+        self._exact = [k in exact_keys for k in self.keys]
         self._fast: dict[tuple, tuple[dict[str, Any], Any]] = {}  # -> (config kwargs, its pre_hook)
         ALL_TUNERS.append(self)
 
@@ -174,7 +178,9 @@ class PersistentAutotuner(Autotuner):
         return tuple(key)
 
     def store_key(self, key: tuple) -> str:
-        parts = [str(bucket(v)) if isinstance(v, int) and not isinstance(v, bool) else str(v) for v in key]
+        exact = self._exact + [True] * (len(key) - len(self._exact))  # the dtypes after the key values
+        parts = [str(bucket(v)) if isinstance(v, int) and not isinstance(v, bool) and not x else str(v)
+                 for v, x in zip(key, exact)]
         return self.name + "|" + ",".join(parts)
 
     def run(self, *args, **kwargs):

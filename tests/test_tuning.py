@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from ge2 import tuning
+import triton  # noqa: E402  (after ge2, which decides TRITON_INTERPRET)
+import triton.language as tl  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -80,6 +82,22 @@ def cache_file(tmp_path):
 def test_bucket_series():
     assert [tuning.bucket(n) for n in (1, 2, 3, 5, 7, 9, 100, 784, 1024, 1025, 4097)] == [
         1, 2, 3, 6, 8, 12, 128, 1024, 1024, 1536, 6144]
+
+
+@triton.jit
+def _coded_scale(x_ptr, n, CODE: tl.constexpr):
+    tl.store(x_ptr + tl.arange(0, 16), tl.load(x_ptr + tl.arange(0, 16)) * CODE)
+
+
+def test_exact_keys_are_stored_unbucketed():
+    # sizes share entries by bucket; codes must not: activation 5 is not activation 6
+    configs = [triton.Config({}, num_warps=w) for w in (1, 2)]
+    args = (_coded_scale, _coded_scale.arg_names, configs, ["n", "CODE"], None, None)
+    coded = tuning.PersistentAutotuner(*args, exact_keys=("CODE",))
+    plain = tuning.PersistentAutotuner(*args)
+    key = (1000, 5, "torch.float32")
+    assert coded.store_key(key).endswith("|1024,5,torch.float32")
+    assert plain.store_key(key).endswith("|1024,6,torch.float32")
 
 
 def test_round_trip_across_processes(tmp_path):

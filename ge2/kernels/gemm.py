@@ -195,7 +195,8 @@ def _epilogue(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn, bias_ptr, 
 
 @runtime.autotune(
     CONFIGS_16BIT + CONFIGS_FP32 + CONFIGS_FMA,
-    key=["M", "N", "K", "B", "REDUCE_BATCH", "PRECISION", "ROUND_TF32"],
+    key=["M", "N", "K", "B", "REDUCE_BATCH", "PRECISION", "ROUND_TF32", "ACT", "SAVE_Z"],  # as gemm_tma_kernel's
+    exact_keys=("ACT",),
     default=INTERPRETER_CONFIG,
     prune_configs_by={"early_config_prune": _prune},
 )
@@ -390,7 +391,10 @@ def _prune_tma(configs, named_args, **kwargs):
 
 @runtime.autotune(
     TMA_CONFIGS_16BIT + TMA_CONFIGS_FP32,
-    key=["M", "N", "K", "A_KMAJOR", "B_KMAJOR", "PRECISION", "ROUND_TF32"],
+    # the epilogue is part of the key: an erf-gelu epilogue favours smaller tiles than none does, and
+    # shapes that share a size bucket (the GPT's c_attn and c_fc) must not share one pick
+    key=["M", "N", "K", "A_KMAJOR", "B_KMAJOR", "PRECISION", "ROUND_TF32", "ACT", "SAVE_Z"],
+    exact_keys=("ACT",),
     default=2,
     prune_configs_by={"early_config_prune": _prune_tma},
 )
