@@ -19,7 +19,11 @@ import ge2
 import ge2.nn as nn
 from ge2.kernels import rnn as K
 
-PREDICTION = ("forward: per step the persistent kernel reads all of h_prev (B H bytes from L2, every program) and "
+PREDICTION = ("forward (session 18): the dot as h_prev [64, K] x W_hh^T, a wgmma reading W^T from shared memory once "
+              "a step instead of 8-16 warps re-loading W fragments every round (bf16 1024: ~384 KB of shared-memory "
+              "reads a round, 4 rounds; ~1.7 us a round), one round for all 64 rows, gx / c loads issued before the "
+              "h exchange: bf16 1024 17 -> ~7 us a step (recurrence 2.2 -> ~0.9 ms), 512 5.7 -> ~4 us; "
+              "forward (session 16): per step the persistent kernel reads all of h_prev (B H bytes from L2, every program) and "
               "meets a grid barrier (~1-2 us) while W_hh stays in registers: ~3-5 us a step; backward (session 17): "
               "one dot per step over all gates per (16 units, 16-32 rows) program, W_hh streamed from L1/L2: ~5-6 us "
               "a step, 0.7 ms at hidden 256 and ~0.9 ms at 512, against the stepwise 1.3-1.8 ms")
@@ -53,14 +57,28 @@ def _graph_and_parts(name, g_fn, t_fn, mod, x, mode, dtype) -> dict:
     kname = [k for k, v in K.MODES.items() if v == mode][0]
     save = name != "forward"
     res = call("rnn_forward", gx, w, None, h0, c0, None, mode=kname, reverse=False, save=save)
-    out["rec_fwd_ms"] = time_ms(lambda: call("rnn_forward", gx, w, None, h0, c0, None, mode=kname, reverse=False,
-                                            save=save), 10, 50, cuda_graph=True)
+    def rec_fwd():
+        call("rnn_forward", gx, w, None, h0, c0, None, mode=kname, reverse=False, save=save)
+
+    out["rec_fwd_ms"] = time_ms(rec_fwd, 10, 50, cuda_graph=True)
+    if K.FWD_BATCH_M:  # the other form of the persistent forward's dot (W_hh x h_prev^T), same process
+        K.FWD_BATCH_M = False
+        try:
+            out["rec_fwd_units_m_ms"] = time_ms(rec_fwd, 10, 50, cuda_graph=True)
+        except Exception as e:  # noqa: BLE001 (recorded, not fatal)
+            out["rec_fwd_units_m_ms"] = f"{type(e).__name__}: {e}"[:120]
+        finally:
+            K.FWD_BATCH_M = True
     if save:
         dy = torch.randn(T, B, H, device=x.device, dtype=dtype)
         out["rec_bwd_ms"] = time_ms(lambda: call("rnn_backward", dy, h0, c0, w, None, *res[3:], mode=kname,
                                                  reverse=False), 10, 50, cuda_graph=True)
     prec = "ieee" if dtype != torch.float32 else ge2.get_matmul_precision()
-    out["block_b"] = "/".join(str(K._BLOCK_B.get((p, H, mode, dtype, B, prec), "-")) for p in ("fwd", "bwd"))
+    fwd_key = ("fwd", H, mode, dtype, B, prec)
+    # "64m": the batch-rows-as-M dot (kernels.rnn.FWD_BATCH_M); a plain number: BLOCK_B of W_hh x h_prev^T
+    fwd_bb = f"{K._BLOCK_B[fwd_key + ('batch_m',)]}m" if K._BLOCK_B.get(fwd_key + ("batch_m",)) else \
+        str(K._BLOCK_B.get(fwd_key, "-"))
+    out["block_b"] = fwd_bb + "/" + str(K._BLOCK_B.get(("bwd", H, mode, dtype, B, prec), "-"))
     return out
 
 

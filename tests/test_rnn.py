@@ -246,3 +246,24 @@ def test_long_sequences_large(cls, path):
 def test_wide_lstm_large(hidden):
     kw = dict(input_size=64, hidden_size=hidden, batch_first=True)
     _check("LSTM", kw, randn(33, 20, 64, dtype=torch.float64, seed=14), _hx("LSTM", kw, 33))
+
+
+@pytest.mark.parametrize("batch_m", [True, False])
+@pytest.mark.parametrize("cls", ["LSTM", "GRU"])
+def test_persistent_forward_dot_orientations(cls, batch_m, monkeypatch):
+    """Both forms of the persistent forward's dot (h_prev x W_hh^T with batch rows as M, and W_hh x h_prev^T)."""
+    monkeypatch.setattr(K, "FWD_BATCH_M", batch_m)
+    kw = dict(input_size=3, hidden_size=7)
+    _check(cls, kw, randn(5, 3, 3, dtype=torch.float64, noncontig=True, seed=21), _hx(cls, kw, 3), path="persistent")
+
+
+@pytest.mark.skipif(not LARGE, reason="GPU sizes only with GE2_TEST_LARGE")
+@pytest.mark.parametrize("batch_m", [True, False])
+def test_persistent_forward_row_rounds_large(batch_m, monkeypatch):
+    """More batch rows than one dot takes (rounds of 64 / _block_b rows), with variable lengths."""
+    monkeypatch.setattr(K, "FWD_BATCH_M", batch_m)
+    kw = dict(input_size=24, hidden_size=300)
+    lengths = torch.randint(1, 10, (70,), generator=torch.Generator().manual_seed(5)).tolist()
+    lengths[0] = 9
+    _check("LSTM", kw, randn(9, 70, 24, dtype=torch.float64, seed=22), _hx("LSTM", kw, 70),
+           lengths=torch.tensor(lengths), packed=True, path="persistent")

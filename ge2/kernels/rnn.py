@@ -69,50 +69,73 @@ def _rows(s, b, T, B, len_ptr, HAS_LEN: tl.constexpr, REVERSE: tl.constexpr):
 
 
 @triton.jit
-def _fwd_cell(s, a0, a1, a2, a3, u, b, T, B, H,
-              gx_ptr, bhh_ptr, hbuf_ptr, cbuf_ptr, len_ptr, y_ptr, hn_ptr, cn_ptr, hp_ptr, cp_ptr, sv_ptr,
-              MODE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_LEN: tl.constexpr, REVERSE: tl.constexpr,
-              SAVE: tl.constexpr):
-    """One step for units u [BH, 1] x rows b [1, BB], given the recurrent products a0..a3 = W_hh,g h_prev."""
+def _fwd_bias(bhh_ptr, u, H, MODE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """b_hh of units u, one tile per gate (zeros without bias); loop-invariant, so the persistent kernel loads it once."""
     NG: tl.constexpr = 4 if MODE == 2 else (3 if MODE == 3 else 1)
-    NS: tl.constexpr = 4 if NG > 1 else 1
-    m = (u < H) & (b < B)
-    active, tt = _rows(s, b, T, B, len_ptr, HAS_LEN, REVERSE)
-    G = NG * H
-    gx = gx_ptr + (tt.to(tl.int64) * B + b) * G + u
-    ub = b * H + u  # [BH, BB] offset of (b, u) in a [B, H] buffer
-    rd = s % 2
-    h_prev = tl.load(hbuf_ptr + rd * B * H + ub, mask=m, other=0.0).to(tl.float32)
     if HAS_BIAS:
         b0 = tl.load(bhh_ptr + u, mask=u < H, other=0.0).to(tl.float32)
     else:
         b0 = tl.zeros_like(u).to(tl.float32)
-    p0 = tl.load(gx, mask=m, other=0.0).to(tl.float32) + a0 + b0
+    b1 = b0
+    b2 = b0
+    b3 = b0
+    if HAS_BIAS:
+        if NG > 1:
+            b1 = tl.load(bhh_ptr + H + u, mask=u < H, other=0.0).to(tl.float32)
+            b2 = tl.load(bhh_ptr + 2 * H + u, mask=u < H, other=0.0).to(tl.float32)
+        if NG == 4:
+            b3 = tl.load(bhh_ptr + 3 * H + u, mask=u < H, other=0.0).to(tl.float32)
+    return b0, b1, b2, b3
+
+
+@triton.jit
+def _fwd_loads(s, u, b, T, B, H, gx_ptr, hbuf_ptr, cbuf_ptr, len_ptr,
+               MODE: tl.constexpr, HAS_LEN: tl.constexpr, REVERSE: tl.constexpr):
+    """The step's inputs that do not depend on the other programs (gx, own h_prev, c_prev), issued before
+    h_prev's exchange load so their latency overlaps it: (active, tt, x0..x3, h_prev, c_prev)."""
+    NG: tl.constexpr = 4 if MODE == 2 else (3 if MODE == 3 else 1)
+    m = (u < H) & (b < B)
+    active, tt = _rows(s, b, T, B, len_ptr, HAS_LEN, REVERSE)
+    gx = gx_ptr + (tt.to(tl.int64) * B + b) * (NG * H) + u
+    ub = b * H + u  # offset of (b, u) in a [B, H] buffer
+    x0 = tl.load(gx, mask=m, other=0.0).to(tl.float32)
+    x1 = x0
+    x2 = x0
+    x3 = x0
+    if NG > 1:
+        x1 = tl.load(gx + H, mask=m, other=0.0).to(tl.float32)
+        x2 = tl.load(gx + 2 * H, mask=m, other=0.0).to(tl.float32)
+    if NG == 4:
+        x3 = tl.load(gx + 3 * H, mask=m, other=0.0).to(tl.float32)
+    h_prev = tl.load(hbuf_ptr + (s % 2) * B * H + ub, mask=m, other=0.0).to(tl.float32)
     c_prev = h_prev
+    if MODE == 2:
+        c_prev = tl.load(cbuf_ptr + ub, mask=m, other=0.0)
+    return active, tt, x0, x1, x2, x3, h_prev, c_prev
+
+
+@triton.jit
+def _fwd_cell(s, a0, a1, a2, a3, x0, x1, x2, x3, h_prev, c_prev, active, tt, u, b, T, B, H,
+              hbuf_ptr, cbuf_ptr, y_ptr, hn_ptr, cn_ptr, hp_ptr, cp_ptr, sv_ptr,
+              MODE: tl.constexpr, SAVE: tl.constexpr):
+    """One step for units u x rows b (either orientation) from ``_fwd_loads``' inputs and the recurrent
+    pre-activations a0..a3 = W_hh,g h_prev + b_hh,g."""
+    NS: tl.constexpr = 4 if MODE >= 2 else 1
+    m = (u < H) & (b < B)
+    ub = b * H + u
+    p0 = x0 + a0
+    c = c_prev
     if MODE == 0:
         h = tanh(p0)
     elif MODE == 1:
         h = tl.maximum(p0, 0.0)
     else:
-        if HAS_BIAS:
-            b1 = tl.load(bhh_ptr + H + u, mask=u < H, other=0.0).to(tl.float32)
-            b2 = tl.load(bhh_ptr + 2 * H + u, mask=u < H, other=0.0).to(tl.float32)
-        else:
-            b1 = b0
-            b2 = b0
-        p1 = tl.load(gx + H, mask=m, other=0.0).to(tl.float32) + a1 + b1
+        p1 = x1 + a1
         if MODE == 2:
-            if HAS_BIAS:
-                b3 = tl.load(bhh_ptr + 3 * H + u, mask=u < H, other=0.0).to(tl.float32)
-            else:
-                b3 = b0
-            p2 = tl.load(gx + 2 * H, mask=m, other=0.0).to(tl.float32) + a2 + b2
-            p3 = tl.load(gx + 3 * H, mask=m, other=0.0).to(tl.float32) + a3 + b3
-            c_prev = tl.load(cbuf_ptr + ub, mask=m, other=0.0)
             g0 = sigmoid(p0)
             g1 = sigmoid(p1)
-            g2 = tanh(p2)
-            g3 = sigmoid(p3)
+            g2 = tanh(x2 + a2)
+            g3 = sigmoid(x3 + a3)
             c = g1 * c_prev + g0 * g2
             h = g3 * tanh(c)
             c = tl.where(active, c, c_prev)
@@ -120,11 +143,11 @@ def _fwd_cell(s, a0, a1, a2, a3, u, b, T, B, H,
         else:
             g0 = sigmoid(p0)  # r
             g1 = sigmoid(p1)  # z
-            g3 = a2 + b2      # hn: W_hn h_prev + b_hn, kept for backward's dr
-            g2 = tanh(tl.load(gx + 2 * H, mask=m, other=0.0).to(tl.float32) + g0 * g3)
+            g3 = a2           # hn: W_hn h_prev + b_hn, kept for backward's dr
+            g2 = tanh(x2 + g0 * g3)
             h = (1.0 - g1) * g2 + g1 * h_prev
     h = tl.where(active, h, h_prev)
-    tl.store(hbuf_ptr + (1 - rd) * B * H + ub, h.to(hbuf_ptr.dtype.element_ty), mask=m)
+    tl.store(hbuf_ptr + (1 - s % 2) * B * H + ub, h.to(hbuf_ptr.dtype.element_ty), mask=m)
     row = (tt.to(tl.int64) * B + b) * H + u
     tl.store(y_ptr + row, tl.where(active, h, 0.0).to(y_ptr.dtype.element_ty), mask=m)
     if SAVE:
@@ -255,8 +278,13 @@ def rnn_fwd_persistent_kernel(gx_ptr, w_ptr, bhh_ptr, hbuf_ptr, cbuf_ptr, len_pt
                               hp_ptr, cp_ptr, sv_ptr, sync_ptr, T, B, H,
                               MODE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_LEN: tl.constexpr,
                               REVERSE: tl.constexpr, SAVE: tl.constexpr, BLOCK_H: tl.constexpr,
-                              BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
-    """All T steps; program p keeps rows (gate g, unit p BH + i) of W_hh on chip as one [NGP BH, K] tile."""
+                              BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+                              BATCH_M: tl.constexpr):
+    """All T steps; program p keeps rows (gate g, unit p BH + i) of W_hh on chip as one [NGP BH, K] tile.
+
+    BATCH_M: the dot is h_prev [BB, K] x W_hh^T [K, NGP BH] (batch rows as M: at BB = 64 a Hopper wgmma
+    reading W^T straight from shared memory) instead of W_hh [NGP BH, K] x h_prev^T (M = NGP BH < 64: an
+    mma.sync whose W fragments every warp re-loads from shared memory each round)."""
     NG: tl.constexpr = 4 if MODE == 2 else (3 if MODE == 3 else 1)
     NGP: tl.constexpr = 4 if NG > 1 else 1
     pid = tl.program_id(0)
@@ -265,29 +293,43 @@ def rnn_fwd_persistent_kernel(gx_ptr, w_ptr, bhh_ptr, hbuf_ptr, cbuf_ptr, len_pt
     g = r // BLOCK_H
     wu = pid * BLOCK_H + r % BLOCK_H
     k = tl.arange(0, BLOCK_K)
-    w = tl.load(w_ptr + (g * H + wu)[:, None] * H + k[None, :],
-                mask=((g < NG) & (wu < H))[:, None] & (k < H)[None, :], other=0.0)
+    wrow = (g * H + wu)
+    wm = (g < NG) & (wu < H)
+    if BATCH_M:
+        w = tl.load(w_ptr + wrow[None, :] * H + k[:, None], mask=wm[None, :] & (k < H)[:, None], other=0.0)
+    else:
+        w = tl.load(w_ptr + wrow[:, None] * H + k[None, :], mask=wm[:, None] & (k < H)[None, :], other=0.0)
     u = pid * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]
+    c0, c1, c2, c3 = _fwd_bias(bhh_ptr, u, H, MODE, HAS_BIAS)
     for s in range(T):
         for b0 in range(0, B, BLOCK_B):
             b = b0 + tl.arange(0, BLOCK_B)[None, :]
-            # h_prev^T [K, BB]; .cg reads L2, where the other SMs' stores of the last step are
-            h_t = tl.load(hbuf_ptr + (s % 2) * B * H + b * H + k[:, None], mask=(b < B) & (k[:, None] < H),
-                          other=0.0, cache_modifier=".cg")
-            acc = tl.dot(w, h_t.to(w.dtype), input_precision=PRECISION)
+            active, tt, x0, x1, x2, x3, h_prev, c_prev = _fwd_loads(s, u, b, T, B, H, gx_ptr, hbuf_ptr, cbuf_ptr,
+                                                                    len_ptr, MODE, HAS_LEN, REVERSE)
+            # all of h_prev; .cg reads L2, where the other SMs' stores of the last step are
+            hb = hbuf_ptr + (s % 2) * B * H
+            if BATCH_M:
+                bm = b0 + tl.arange(0, BLOCK_B)[:, None]
+                h_t = tl.load(hb + bm * H + k[None, :], mask=(bm < B) & (k[None, :] < H), other=0.0,
+                              cache_modifier=".cg")
+                acc = tl.trans(tl.dot(h_t.to(w.dtype), w, input_precision=PRECISION))
+            else:
+                h_t = tl.load(hb + b * H + k[:, None], mask=(b < B) & (k[:, None] < H), other=0.0,
+                              cache_modifier=".cg")
+                acc = tl.dot(w, h_t.to(w.dtype), input_precision=PRECISION)
             if NGP == 1:
-                a0 = acc
-                a1 = acc
-                a2 = acc
-                a3 = acc
+                a0 = acc + c0
+                a1 = a0
+                a2 = a0
+                a3 = a0
             else:
                 acc3 = tl.reshape(acc, (NGP, BLOCK_H, BLOCK_B))
-                a0 = _gate(acc3, 0, NGP)
-                a1 = _gate(acc3, 1, NGP)
-                a2 = _gate(acc3, 2, NGP)
-                a3 = _gate(acc3, 3, NGP)
-            _fwd_cell(s, a0, a1, a2, a3, u, b, T, B, H, gx_ptr, bhh_ptr, hbuf_ptr, cbuf_ptr, len_ptr, y_ptr, hn_ptr, cn_ptr,
-                      hp_ptr, cp_ptr, sv_ptr, MODE, HAS_BIAS, HAS_LEN, REVERSE, SAVE)
+                a0 = _gate(acc3, 0, NGP) + c0
+                a1 = _gate(acc3, 1, NGP) + c1
+                a2 = _gate(acc3, 2, NGP) + c2
+                a3 = _gate(acc3, 3, NGP) + c3
+            _fwd_cell(s, a0, a1, a2, a3, x0, x1, x2, x3, h_prev, c_prev, active, tt, u, b, T, B, H, hbuf_ptr,
+                      cbuf_ptr, y_ptr, hn_ptr, cn_ptr, hp_ptr, cp_ptr, sv_ptr, MODE, SAVE)
         _grid_sync(sync_ptr, nprog * (s + 1))
 
 
@@ -348,17 +390,20 @@ def rnn_fwd_step_kernel(s, rec_ptr, gx_ptr, bhh_ptr, hbuf_ptr, cbuf_ptr, len_ptr
     b = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)[None, :]
     m = (u < H) & (b < B)
     rp = rec_ptr + b * (NG * H) + u
-    a0 = tl.load(rp, mask=m, other=0.0).to(tl.float32)
+    c0, c1, c2, c3 = _fwd_bias(bhh_ptr, u, H, MODE, HAS_BIAS)
+    active, tt, x0, x1, x2, x3, h_prev, c_prev = _fwd_loads(s, u, b, T, B, H, gx_ptr, hbuf_ptr, cbuf_ptr, len_ptr,
+                                                            MODE, HAS_LEN, REVERSE)
+    a0 = tl.load(rp, mask=m, other=0.0).to(tl.float32) + c0
     a1 = a0
     a2 = a0
     a3 = a0
     if NG > 1:
-        a1 = tl.load(rp + H, mask=m, other=0.0).to(tl.float32)
-        a2 = tl.load(rp + 2 * H, mask=m, other=0.0).to(tl.float32)
+        a1 = tl.load(rp + H, mask=m, other=0.0).to(tl.float32) + c1
+        a2 = tl.load(rp + 2 * H, mask=m, other=0.0).to(tl.float32) + c2
         if NG == 4:
-            a3 = tl.load(rp + 3 * H, mask=m, other=0.0).to(tl.float32)
-    _fwd_cell(s, a0, a1, a2, a3, u, b, T, B, H, gx_ptr, bhh_ptr, hbuf_ptr, cbuf_ptr, len_ptr, y_ptr, hn_ptr,
-              cn_ptr, hp_ptr, cp_ptr, sv_ptr, MODE, HAS_BIAS, HAS_LEN, REVERSE, SAVE)
+            a3 = tl.load(rp + 3 * H, mask=m, other=0.0).to(tl.float32) + c3
+    _fwd_cell(s, a0, a1, a2, a3, x0, x1, x2, x3, h_prev, c_prev, active, tt, u, b, T, B, H, hbuf_ptr, cbuf_ptr,
+              y_ptr, hn_ptr, cn_ptr, hp_ptr, cp_ptr, sv_ptr, MODE, SAVE)
 
 
 @triton.jit
@@ -433,6 +478,9 @@ def _block_b(B: int, bk: int, rows: int = 1) -> int:
 # The backward's default path (None in rnn_backward): "auto" is the persistent kernel except where the
 # H100 measured the stepwise one faster (docs/rnn.md: 16-bit layers with NG H > 2048, e.g. a bf16 LSTM at 1024).
 BACKWARD_PATH = "auto"
+# The persistent forward's dot: h_prev [64 rows, K] x W_hh^T (True, where it fits shared memory) or W_hh x h_prev^T
+# in rounds of _block_b rows (False). docs/rnn.md has the measurement.
+FWD_BATCH_M = True
 BWD_BLOCK_K = 256  # K chunk of the persistent backward's per-step dot (W_hh read from L1/L2 chunk by chunk)
 _BLOCK_B: dict[tuple, int] = {}  # (pass, H, mode, dtype, B, precision) -> BLOCK_B that compiled; 0: none did
 
@@ -460,10 +508,11 @@ def bwd_row_blocks(grid: int, B: int, sms: int) -> list[int]:
     return out
 
 
-def _launch_persistent(kernel, key: tuple, bb: int, grid: int, *args, **meta) -> bool:
-    """Launch with the largest BLOCK_B <= bb whose shared memory fits (halving on OutOfResources); False if none."""
+def _launch_persistent(kernel, key: tuple, bb: int, grid: int, *args, smallest: int = 16, **meta) -> bool:
+    """Launch with the largest BLOCK_B in [smallest, bb] whose shared memory fits (halving on OutOfResources);
+    False if none."""
     bb = _BLOCK_B.get(key, bb)
-    while bb >= 16:
+    while bb >= max(smallest, 1):
         try:
             kernel[(grid,)](*args, **meta, BLOCK_B=bb)
             _BLOCK_B[key] = bb
@@ -513,9 +562,15 @@ def rnn_forward(gx: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor | None,
     elif plan is not None:
         grid, bh, bk, warps = plan
         sync = torch.zeros(1, dtype=torch.int32, device=dev)
-        ok = _launch_persistent(rnn_fwd_persistent_kernel, key, _block_b(B, bk), grid, gx, w_hh, bias, hbuf, cbuf,
-                                lens, y, hn, cn if lstm else hn, hp, cp, sv, sync, T, B, H, **flags, BLOCK_H=bh,
-                                BLOCK_K=bk, PRECISION=_precision(dt), num_warps=warps)
+        args = (gx, w_hh, bias, hbuf, cbuf, lens, y, hn, cn if lstm else hn, hp, cp, sv, sync, T, B, H)
+        meta = dict(**flags, BLOCK_H=bh, BLOCK_K=bk, PRECISION=_precision(dt))
+        # batch rows as the dot's M (a wgmma at 64 rows, W^T read from shared memory) where h [64, K] and W^T
+        # fit shared memory; one pipeline stage: the round loop has one trip at B <= 64, nothing to prefetch
+        ok = FWD_BATCH_M and _launch_persistent(rnn_fwd_persistent_kernel, key + ("batch_m",), 64, grid, *args,
+                                                smallest=64, **meta, BATCH_M=True, num_warps=8, num_stages=1)
+        if not ok:
+            ok = _launch_persistent(rnn_fwd_persistent_kernel, key, _block_b(B, bk), grid, *args, **meta,
+                                    BATCH_M=False, num_warps=warps)
         if not ok:  # the compiler could not fit even the smallest tiles: take the stepwise path
             if path == "persistent":
                 raise ValueError(f"rnn: the persistent kernel does not fit hidden_size {H} ({dt}) in shared memory")
