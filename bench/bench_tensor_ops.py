@@ -13,6 +13,7 @@ returns ``(ge2_fn, torch_fn, nbytes)``; ``smoke`` asks for tiny sizes (CPU, inte
     PYTHONPATH=. python3 bench/bench_tensor_ops.py            ->  bench/results/tensor_ops.json
     PYTHONPATH=. python3 bench/bench_tensor_ops.py --only gather
     PYTHONPATH=. python3 bench/bench_tensor_ops.py --only sort,topk   (rows matching any part)
+    PYTHONPATH=. python3 bench/bench_tensor_ops.py --only sort --name tensor_ops_sort   (-> its own file)
     python bench/bench_tensor_ops.py --smoke                  (CPU: each row once, checked, not timed)
 """
 from __future__ import annotations
@@ -248,13 +249,14 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, each row run once and checked")
     ap.add_argument("--only", default=None, help="run only rows whose op contains this text (comma-separated: any)")
+    ap.add_argument("--name", default="tensor_ops", help="results file: bench/results/<name>.json")
     args = ap.parse_args(argv)
     rows = [r for r in ROWS if args.only is None or any(part in r.op for part in args.only.split(","))]
     if args.smoke or not torch.cuda.is_available():
         _smoke(rows)
         return
     device = torch.device("cuda")
-    bench = Bench("tensor_ops", cuda_graph=True)
+    bench = Bench(args.name, cuda_graph=True)
     ceiling = torch.empty(64 * 2 ** 20, device=device)
     copy_ms = bench.add({"op": "copy (ceiling)", "shape": "256 MiB", "dtype": "float32"},
                         ge2=None, torch=ceiling.clone)["torch_ms"]

@@ -3,10 +3,14 @@ merges for topk (k = 50 to 1024), the sort at its defaults; each variant checked
 timed by CUDA-graph replays in one process, torch beside it. Prints one line per variant;
 --profile adds the select's kernel times (torch.profiler).
 
+--radix times only the sort: the radix sort's settings (digit bits, tile, warps) against the merges
+(RADIX_SORT off), on the bench's shapes and on rows of 2048/4096 (where the radix sort starts to pay).
+
 --baseline FILE times an earlier ge2/kernels/sort.py (``git show REV:ge2/kernels/sort.py > FILE``)
 in the same process, as "before": its sort and topk at its own defaults.
 
     PYTHONPATH=. python3 bench/sort_variants.py [--baseline build/sort_before.py] [--profile]
+    PYTHONPATH=. python3 bench/sort_variants.py --radix
 """
 from __future__ import annotations
 
@@ -34,6 +38,11 @@ TOPK_K = (50, 128, 256, 1024)
 # (SELECT_PROGRAMS, SELECT_ATOMIC_PASSES, SELECT_BLOCK, SELECT_WARPS)
 SELECT_VARIANTS = ((2048, True, 4096, 8), (2048, True, 4096, 4), (4096, True, 2048, 4), (4096, True, 2048, 8),
                    (2048, False, 4096, 8))
+# (RADIX_BITS, RADIX_TILE, RADIX_WARPS, RADIX_SUB): ptxas (CPU) gives the scatter 61-94 registers a
+# thread at these (16 counters a thread), 128-250 at twice the SUB per thread
+RADIX_VARIANTS = ((5, 1024, 8, 256), (5, 1024, 4, 128), (4, 1024, 8, 256), (6, 1024, 8, 128), (5, 2048, 8, 256),
+                  (5, 512, 4, 128), (4, 2048, 8, 256))
+RADIX_SHAPES = ((256, 32768), (64, 131072), (4096, 2048), (2048, 4096))
 
 
 def _time(fn) -> float:
@@ -63,9 +72,13 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="kernel times of the select (torch.profiler)")
     ap.add_argument("--registers", action="store_true",
                     help="registers/spills of the select kernels compiled for sm_90a by ptxas (runs on a CPU)")
+    ap.add_argument("--radix", action="store_true", help="only the sort: radix settings against the merges")
     args = ap.parse_args()
     if args.registers:
         _registers()
+        return
+    if args.radix:
+        _radix()
         return
     base = _load(args.baseline) if args.baseline else None
     settings = ("SELECT_MIN_K", "SELECT_PROGRAMS", "SELECT_ATOMIC_PASSES", "SELECT_BLOCK", "SELECT_WARPS")
@@ -104,6 +117,40 @@ def main() -> None:
                 setattr(SO, name, defaults[name])
     if args.profile:
         _profile()
+
+
+def _radix() -> None:
+    """The sort's radix settings against the merges, each checked against torch's stable sort."""
+    settings = ("RADIX_SORT", "RADIX_BITS", "RADIX_TILE", "RADIX_WARPS", "RADIX_SUB")
+    defaults = {name: getattr(SO, name) for name in settings}
+    for m, n in RADIX_SHAPES:
+        x = torch.randn(m, n, device="cuda")
+        ref = torch.sort(x, -1, stable=True)
+        t_torch = _time(lambda: torch.sort(x, -1))
+
+        def sort_ok():
+            values, indices = SO.sort(x, dim=-1)
+            return torch.equal(values, ref.values) and torch.equal(indices, ref.indices)
+
+        SO.RADIX_SORT = False
+        _line(f"sort {m}x{n} merges", lambda: SO.sort(x, dim=-1), t_torch, sort_ok)
+        SO.RADIX_SORT = True
+        for bits, tile, warps, sub in RADIX_VARIANTS:
+            SO.RADIX_BITS, SO.RADIX_TILE, SO.RADIX_WARPS, SO.RADIX_SUB = bits, tile, warps, sub
+            _line(f"sort {m}x{n} radix bits {bits} tile {tile} warps {warps} sub {sub}", lambda: SO.sort(x, dim=-1),
+                  t_torch, sort_ok)
+        for name in settings:
+            setattr(SO, name, defaults[name])
+    x = torch.randn(64, 131072, device="cuda")
+    SO.sort(x, dim=-1)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            SO.sort(x, dim=-1)
+        torch.cuda.synchronize()
+    print("--- radix sort (defaults), 64x131072, 10 calls (us per call = total / 10)")
+    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=10, max_name_column_width=40),
+          flush=True)
 
 
 def _profile() -> None:

@@ -86,6 +86,17 @@ MERGE_SEQ = 8
 TILE_WARPS = 0  # warps of the tile pass; 0: 8 for tiles of 512+ elements, else 4
 _INT64_MAX = tl.constexpr(2**63 - 1)
 _WIDE_KEYS = (torch.float64, torch.int64)
+# Radix sort (sort/argsort of whole rows of 32-bit keys or narrower, longer than RADIX_MIN_N - 1):
+# cdiv(32, RADIX_BITS) counting passes of tiles of RADIX_TILE keys, each moving every key and
+# index once, in place of the tile sort and the log2(N / TILE) merges (latency-bound: ~0.15 ms
+# each on 8M keys). On the interpreter only where a test switches it on (RADIX_SORT).
+RADIX_SORT = not INTERPRETER
+RADIX_MIN_N = TILE + 1
+RADIX_BITS = 5
+RADIX_TILE = 1024
+RADIX_WARPS = 8
+RADIX_SUB = 256  # keys a step of the scatter's rank (registers: see _radix_scatter_kernel)
+RADIX_CHUNK = 64  # tiles a step of the offsets' loop over a row
 # tl.sort for 32-bit keys. The interpreter runs its compare-and-swap network element by element
 # (seconds per tile), so there every tile is ranked instead; tests switch it on for one case.
 PACKED_SORT = not INTERPRETER
@@ -347,6 +358,134 @@ def sorted_rows(x2: torch.Tensor, descending: bool, cap: int | None = None) -> t
 
 
 # ---------------------------------------------------------------------------------------------
+# Radix sort: whole rows of 32-bit keys (or narrower), least significant digit first
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _radix_keys(x_ptr, key_ptr, row, cols, live, N, stride_xm, stride_xn, DESCENDING: tl.constexpr,
+                FIRST: tl.constexpr):
+    """The tile's keys as uint32s in sort order: from x in the first pass, else from the previous pass's output."""
+    if FIRST:
+        x = tl.load(x_ptr + row * stride_xm + cols.to(tl.int64) * stride_xn, mask=live, other=0)
+        key = (order_key(x, DESCENDING) + 2**31).to(tl.uint32)
+    else:
+        key = tl.load(key_ptr + row * N + cols, mask=live, other=0).to(tl.uint32, bitcast=True)
+    return key
+
+
+@triton.jit
+def _radix_hist_kernel(x_ptr, key_ptr, hist_ptr, N, tiles, stride_xm, stride_xn, SHIFT, DESCENDING: tl.constexpr,
+                       FIRST: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr):
+    """hist[row, tile, b] = how many of the tile's keys have digit b (bits SHIFT.. SHIFT + BITS).
+
+    SHIFT is a run-time argument (one compilation serves every middle pass). Should the shift of the
+    uint32 key be arithmetic, the top digit's sign-extended bits still order it the same way."""
+    pid = tl.program_id(0)
+    row = (pid // tiles).to(tl.int64)
+    cols = (pid % tiles) * TILE + tl.arange(0, TILE)
+    live = cols < N
+    key = _radix_keys(x_ptr, key_ptr, row, cols, live, N, stride_xm, stride_xn, DESCENDING, FIRST)
+    NB: tl.constexpr = 1 << BITS
+    digit = ((key >> SHIFT) & (NB - 1)).to(tl.int32)
+    tl.store(hist_ptr + pid.to(tl.int64) * NB + tl.arange(0, NB), tl.histogram(digit, NB, mask=live))
+
+
+@triton.jit
+def _radix_offsets_kernel(hist_ptr, tiles, NB: tl.constexpr, CHUNK: tl.constexpr):
+    """In place, per row: hist[row, t, b] -> where tile t's first key of digit b goes in the row's output
+    (the row's keys of smaller digits, plus digit b's keys in the tiles before t)."""
+    base = hist_ptr + tl.program_id(0).to(tl.int64) * tiles * NB
+    t = tl.arange(0, CHUNK)
+    b = tl.arange(0, NB)
+    total = tl.zeros([NB], tl.int32)
+    for c in range(0, tiles, CHUNK):
+        m = ((c + t) < tiles)[:, None] & (b < NB)[None, :]
+        total += tl.sum(tl.load(base + (c + t)[:, None] * NB + b[None, :], mask=m, other=0), 0).to(tl.int32)
+    carry = tl.cumsum(total, 0) - total
+    for c in range(0, tiles, CHUNK):
+        m = ((c + t) < tiles)[:, None] & (b < NB)[None, :]
+        h = tl.load(base + (c + t)[:, None] * NB + b[None, :], mask=m, other=0)
+        tl.store(base + (c + t)[:, None] * NB + b[None, :], tl.cumsum(h, 0) - h + carry[None, :], mask=m)
+        carry += tl.sum(h, 0).to(tl.int32)
+
+
+@triton.jit
+def _radix_scatter_kernel(x_ptr, key_in, index_in, key_out, index_out, values_ptr, hist_ptr, N, tiles,
+                          stride_xm, stride_xn, SHIFT, DESCENDING: tl.constexpr, FIRST: tl.constexpr,
+                          LAST: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr, SUB: tl.constexpr):
+    """One stable counting pass: each key of the tile (with its index) goes to its digit's offset plus its rank
+    among the tile's earlier keys of that digit. LAST writes x's values and int64 indices instead.
+
+    The rank is a cumsum down a one-hot [SUB, NB / 2] matrix holding two 16-bit counters per int32
+    (half the columns to scan; TILE <= 32768 keeps the low counter from carrying into the high one),
+    SUB keys a step, the counts so far carried in the same packed form: a whole tile's matrix would
+    take ~190 registers a thread (one program per SM)."""
+    pid = tl.program_id(0)
+    row = (pid // tiles).to(tl.int64)
+    NB: tl.constexpr = 1 << BITS
+    pairs = tl.arange(0, NB // 2)
+    carry = tl.zeros([NB // 2], tl.int32)
+    for s in range(TILE // SUB):
+        cols = (pid % tiles) * TILE + s * SUB + tl.arange(0, SUB)
+        live = cols < N
+        key = _radix_keys(x_ptr, key_in, row, cols, live, N, stride_xm, stride_xn, DESCENDING, FIRST)
+        if FIRST:
+            index = cols
+        else:
+            index = tl.load(index_in + row * N + cols, mask=live, other=0)
+        digit = ((key >> SHIFT) & (NB - 1)).to(tl.int32)
+        half = (digit & 1) * 16
+        hit = (digit >> 1)[:, None] == pairs[None, :]
+        ones = tl.where(hit & live[:, None], (1 << half)[:, None], 0)
+        counts = tl.cumsum(ones, 0) + carry[None, :]
+        carry += tl.sum(ones, 0).to(tl.int32)
+        rank = ((tl.sum(tl.where(hit, counts, 0), 1) >> half) & 0xFFFF) - 1
+        start = tl.load(hist_ptr + pid.to(tl.int64) * NB + digit, mask=live, other=0)
+        dest = row * N + start + rank
+        if LAST:
+            x = tl.load(x_ptr + row * stride_xm + index.to(tl.int64) * stride_xn, mask=live)
+            tl.store(values_ptr + dest, x, mask=live)
+            tl.store(index_out + dest, index.to(tl.int64), mask=live)
+        else:
+            tl.store(key_out + dest, key.to(tl.int32, bitcast=True), mask=live)
+            tl.store(index_out + dest, index, mask=live)
+
+
+def radix_sort_rows(x2: torch.Tensor, descending: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """x2 [M, N] (32-bit keys or narrower, any strides) -> (values like x2, int64 indices), each row sorted, stable.
+
+    cdiv(32, RADIX_BITS) passes from the lowest digit up; each counts its digit per tile of RADIX_TILE
+    (hist), turns the counts into offsets (one program per row) and moves every key and index once
+    (scatter): stable within a tile by the one-hot cumsum, across tiles by the offsets, so equal keys
+    keep their input order (torch's stable sort, both directions: descending flips the key's bits)."""
+    M, N = x2.shape
+    dev = x2.device
+    tiles = cdiv(N, RADIX_TILE)
+    nb = 1 << RADIX_BITS
+    passes = cdiv(32, RADIX_BITS)
+    hist = torch.empty((M * tiles * nb,), dtype=torch.int32, device=dev)
+    keys = [torch.empty((M, N), dtype=torch.int32, device=dev) for _ in range(2)]
+    index = [torch.empty((M, N), dtype=torch.int32, device=dev) for _ in range(2)]
+    values = torch.empty((M, N), dtype=x2.dtype, device=dev)
+    indices = torch.empty((M, N), dtype=torch.int64, device=dev)
+    if M * N == 0:
+        return values, indices
+    strides = (x2.stride(0), x2.stride(1))
+    for p in range(passes):
+        src, dst = keys[p % 2], keys[(p + 1) % 2]
+        first, last = p == 0, p == passes - 1
+        common = dict(DESCENDING=bool(descending), FIRST=first, BITS=RADIX_BITS, TILE=RADIX_TILE)
+        shift = p * RADIX_BITS
+        _radix_hist_kernel[(M * tiles,)](x2, src, hist, N, tiles, *strides, shift, **common, num_warps=4)
+        chunk = min(RADIX_CHUNK, triton.next_power_of_2(tiles))
+        _radix_offsets_kernel[(M,)](hist, tiles, NB=nb, CHUNK=chunk, num_warps=4)
+        _radix_scatter_kernel[(M * tiles,)](x2, src, index[p % 2], dst, indices if last else index[(p + 1) % 2],
+                                            values, hist, N, tiles, *strides, shift, LAST=last,
+                                            SUB=min(RADIX_SUB, RADIX_TILE), **common,
+                                            num_warps=RADIX_WARPS)
+    return values, indices
+
+
+# ---------------------------------------------------------------------------------------------
 # Radix select: the first k of a long row without sorting it
 # ---------------------------------------------------------------------------------------------
 @triton.jit
@@ -558,6 +697,9 @@ def _unrows(t: torch.Tensor, lead: tuple[int, ...], dim: int, ndim: int) -> torc
 
 def _select(x: torch.Tensor, dim: int, k: int, descending: bool) -> tuple[torch.Tensor, torch.Tensor]:
     x2, lead = _rows(x, dim)
+    if RADIX_SORT and k == x2.shape[1] >= RADIX_MIN_N and x2.dtype not in _WIDE_KEYS:
+        values, indices = radix_sort_rows(x2, descending)
+        return _unrows(values, lead, dim, x.dim()), _unrows(indices, lead, dim, x.dim())
     if x2.numel() and k:
         order = sorted_rows(x2, descending, cap=k)
     else:
