@@ -436,6 +436,49 @@ def test_tma_every_config(index, monkeypatch):
         assert_matches(y, y64, y_torch, name=f"y bf16 config {index}")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the TMA kernel runs on Hopper GPUs only")
+@pytest.mark.parametrize("index", range(len(TMA_CONFIGS)))
+def test_tma_split_tail(index, monkeypatch):
+    """Each TMA config on a shape of one full wave plus 20 tiles, with a long, ragged K: the 20 tiles
+    are split along K (gemm_kernels.SPLIT_TAIL_MIN_K), their partials summed by whichever program
+    arrives last. Epilogue (bias, gelu, z) on the summed tiles, ragged M and N, and the same bits
+    on every call (the partials are added in split order whoever sums them)."""
+    sms = gemm_kernels._tma_sms(torch.device("cuda"))
+    if sms == 0:
+        pytest.skip("no TMA before Hopper")
+    cfg = TMA_CONFIGS[index]
+    fp32 = cfg in gemm_kernels.TMA_CONFIGS_FP32
+    dtype = torch.float32 if fp32 else torch.bfloat16
+    for name, value in (("configs", [cfg]), ("best_config", None), ("cache", {}), ("_fast", {})):
+        monkeypatch.setattr(gemm_kernels.gemm_tma_kernel, name, value, raising=name != "best_config")
+    bm, bn, bk = (cfg.kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+    tiles_m = 8
+    tiles_n = (sms + 20) // tiles_m + 1  # >= one wave; the rest, 20-27 tiles, is the split tail
+    M, N, K = tiles_m * bm - 5, tiles_n * bn - 7, 2100
+    left, k_tiles = (tiles_m * tiles_n) % sms, -(-K // bk)
+    assert 0 < 2 * left <= sms and min(sms // left, k_tiles // 8) > 1, "the shape must take the split tail"
+    x, w, bias = randn(M, K, dtype=dtype, seed=41), randn(N, K, dtype=dtype, seed=42), randn(N, dtype=dtype, seed=43)
+    if fp32:
+        x, w = _without_tf32_ties(x), _without_tf32_ties(w)
+    attrs = dict(trans_a=False, trans_b=True, alpha=1.0, beta=0.0, bias_kind="per_n", act="gelu", act_alpha=0.01)
+    old = ge2.set_matmul_precision("tf32")
+    try:
+        y, z = call("gemm", x, w, None, bias, save_z=True, **attrs)
+        y2, z2 = call("gemm", x, w, None, bias, save_z=True, **attrs)
+    finally:
+        ge2.set_matmul_precision(old)
+    assert gemm_kernels.gemm_tma_kernel.best_config is cfg, "the TMA kernel did not run"
+    assert torch.equal(y, y2) and torch.equal(z, z2), "the split tail is not deterministic"
+    if fp32:  # float64 arithmetic on the tf32-rounded operands, to fp32 accumulation error
+        _, z_rounded = _reference(_round_to_tf32(x), _round_to_tf32(w), None, bias, dtype=torch.float64, **attrs)
+        assert rel_error(z, z_rounded) <= 1e-5
+    else:
+        (y64, z64), (y_torch, z_torch) = (_reference(x, w, None, bias, dtype=torch.float64, **attrs),
+                                          _reference(x, w, None, bias, **attrs))
+        assert_matches(y, y64, y_torch, name=f"y bf16 config {index}")
+        assert_matches(z, z64, z_torch, name=f"z bf16 config {index}")
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input: a clear error naming the op and the argument
 # ---------------------------------------------------------------------------------------------

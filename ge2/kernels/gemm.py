@@ -97,6 +97,11 @@ SPLIT_EPILOGUE_BLOCKS = (16, 16, 32)  # (splits, rows, columns) summed per step:
 # The backward's K-major operand copies (``_k_major``) pay from here up: measured on the H100 in
 # tf32x3, 64x1024x1024 ran 22 us without them and 30 us with; 512x1024x1024, 46 without and 37 with.
 KMAJOR_COPY_MIN = 1 << 27
+# Split tail (gemm_tma_kernel): a GEMM of a few waves whose last wave leaves most SMs idle (the
+# GPT's weight gradients, 768x3072 over K = 8192: 144 tiles on 132 SMs, two tile-times for 1.1
+# waves of work) splits that wave's tiles along K over all SMs. Considered from this K up, for
+# outputs of at most 4 waves of 128x128 tiles (beyond that the tail is a small share).
+SPLIT_TAIL_MIN_K = 1024
 # Problems under this many multiply-adds are launch-bound: one small config, no tuning.
 SMALL_PROBLEM = 1 << 24
 SMALL_CONFIG = tile_config(64, 64, 32, 4, 3)
@@ -333,6 +338,8 @@ TMA_CONFIGS_FP32 = [  # an fp32 tile's epilogue buffer is 2x a 16-bit one's: spl
     _tma_cfg(64, 64, 32, 4, 4),
 ]
 
+TMA_MAX_TILE = max(c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] for c in TMA_CONFIGS_16BIT + TMA_CONFIGS_FP32)
+
 
 # tf32 through TMA: a tensor map of element type TFLOAT32 makes the copy engine round each fp32
 # operand to nearest tf32 on its way into shared memory, so the tensor cores get cuBLAS's operands
@@ -393,14 +400,14 @@ def _prune_tma(configs, named_args, **kwargs):
     TMA_CONFIGS_16BIT + TMA_CONFIGS_FP32,
     # the epilogue is part of the key: an erf-gelu epilogue favours smaller tiles than none does, and
     # shapes that share a size bucket (the GPT's c_attn and c_fc) must not share one pick
-    key=["M", "N", "K", "A_KMAJOR", "B_KMAJOR", "PRECISION", "ROUND_TF32", "ACT", "SAVE_Z"],
+    key=["M", "N", "K", "A_KMAJOR", "B_KMAJOR", "PRECISION", "ROUND_TF32", "ACT", "SAVE_Z", "SPLIT_TAIL"],
     exact_keys=("ACT",),
     default=2,
     prune_configs_by={"early_config_prune": _prune_tma},
 )
 @triton.jit
 def gemm_tma_kernel(
-    a_desc, b_desc, c_ptr, bias_ptr, y_ptr, z_ptr,
+    a_desc, b_desc, c_ptr, bias_ptr, y_ptr, z_ptr, part_ptr, arrivals_ptr,
     M, N, K,
     stride_cm, stride_cn, stride_ym, stride_yn, stride_bias,
     alpha, beta, act_alpha,
@@ -408,15 +415,23 @@ def gemm_tma_kernel(
     A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, OPERAND_BYTES: tl.constexpr,
     PRECISION: tl.constexpr, ROUND_TF32: tl.constexpr, NUM_SMS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EPI_SPLIT: tl.constexpr,
+    EPI_SPLIT: tl.constexpr, SPLIT_TAIL: tl.constexpr,
 ):
     """The same Y = act(alpha * A @ B + beta * C + bias) as gemm_epilogue_kernel; grid = (SMs,).
 
     ROUND_TF32 rounds the operands in registers: only where the descriptors cannot (``_tma_rounding``).
+    SPLIT_TAIL: the tiles of a last, mostly idle wave are split along K (``_split_tail``); part_ptr
+    (fp32, NUM_SMS tiles) and arrivals_ptr (int32 [NUM_SMS], zero) are its scratch.
     """
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
-    for tile in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True):
+    if SPLIT_TAIL:
+        splits = _tail_splits(num_tiles, k_tiles, NUM_SMS)
+        whole = tl.where(splits > 1, num_tiles - num_tiles % NUM_SMS, num_tiles)  # tiles of the full waves
+    else:
+        splits = 1
+        whole = num_tiles
+    for tile in tl.range(tl.program_id(0), whole, NUM_SMS, flatten=True):
         pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         m0 = pid_m * BLOCK_M
         n0 = pid_n * BLOCK_N
@@ -442,6 +457,76 @@ def gemm_tma_kernel(
             offs_n = n0 + tl.arange(0, BLOCK_N)
             _epilogue(acc, offs_m, offs_n, M, N, c_ptr, stride_cm, stride_cn, bias_ptr, stride_bias,
                       y_ptr, z_ptr, stride_ym, stride_yn, alpha, beta, act_alpha, HAS_C, BIAS_KIND, ACT, SAVE_Z)
+    if SPLIT_TAIL:
+        # The last wave's tiles, each cut into `splits` K-ranges: a program adds one range into a
+        # partial tile; the last of a tile's programs to arrive sums its partials in split order
+        # (deterministic) and runs the epilogue. No program waits on another, so none can hang.
+        chunk = tl.cdiv(k_tiles, splits)
+        rows = tl.arange(0, BLOCK_M)
+        cols = tl.arange(0, BLOCK_N)
+        part_tile = rows[:, None] * BLOCK_N + cols[None, :]
+        for unit in range(tl.program_id(0), (num_tiles - whole) * splits, NUM_SMS):
+            t = unit // splits
+            pid_m, pid_n = _tile_coords(whole + t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            m0 = pid_m * BLOCK_M
+            n0 = pid_n * BLOCK_N
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for ki in range((unit % splits) * chunk, tl.minimum(k_tiles, (unit % splits + 1) * chunk)):
+                k0 = ki * BLOCK_K
+                a = a_desc.load([m0, k0]) if A_KMAJOR else a_desc.load([k0, m0]).T
+                b = b_desc.load([n0, k0]).T if B_KMAJOR else b_desc.load([k0, n0])
+                if ROUND_TF32:
+                    a = _round_to_tf32(a)
+                    b = _round_to_tf32(b)
+                acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            tl.store(part_ptr + unit * (BLOCK_M * BLOCK_N) + part_tile, acc)
+            tl.debug_barrier()  # every thread's partial is written before the tile's count moves
+            if tl.atomic_add(arrivals_ptr + t, 1, sem="acq_rel") == splits - 1:
+                tl.debug_barrier()  # no thread reads the partials before the count said they are in
+                tl.store(arrivals_ptr + t, 0)  # ready for the next launch (autotuning reruns one buffer)
+                _split_tail_epilogue(part_ptr + t * splits * (BLOCK_M * BLOCK_N), splits, m0, n0, M, N,
+                                     c_ptr, stride_cm, stride_cn, bias_ptr, stride_bias, y_ptr, z_ptr,
+                                     stride_ym, stride_yn, alpha, beta, act_alpha,
+                                     HAS_C, BIAS_KIND, ACT, SAVE_Z, BLOCK_M, BLOCK_N)
+
+
+# A last wave filled to at most half is split along K when each piece keeps this many k-steps.
+SPLIT_TAIL_MIN_K_TILES = tl.constexpr(8)
+
+
+@triton.jit
+def _tail_splits(num_tiles, k_tiles, NUM_SMS: tl.constexpr):
+    """K-splits per tile of the last wave (1: none): enough to give every SM a piece."""
+    left = num_tiles % NUM_SMS
+    splits = tl.minimum(NUM_SMS // tl.maximum(left, 1), k_tiles // SPLIT_TAIL_MIN_K_TILES)
+    return tl.where((left > 0) & (2 * left <= NUM_SMS) & (splits > 1), splits, 1)
+
+
+@triton.jit
+def _split_tail_epilogue(parts_ptr, splits, m0, n0, M, N, c_ptr, stride_cm, stride_cn, bias_ptr, stride_bias,
+                         y_ptr, z_ptr, stride_ym, stride_yn, alpha, beta, act_alpha,
+                         HAS_C: tl.constexpr, BIAS_KIND: tl.constexpr, ACT: tl.constexpr, SAVE_Z: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Sum a tile's `splits` fp32 partials (at parts_ptr, in order) and run the epilogue, a quarter
+    of the tile's columns at a time; four partials are loaded at once (fewer latencies in a row)."""
+    SUB_N: tl.constexpr = BLOCK_N // 4
+    rows = tl.arange(0, BLOCK_M)
+    offs_m = m0 + rows
+    for q in tl.static_range(4):
+        cols = q * SUB_N + tl.arange(0, SUB_N)
+        sub = rows[:, None] * BLOCK_N + cols[None, :]
+        total = tl.zeros((BLOCK_M, SUB_N), dtype=tl.float32)
+        for s0 in range(0, splits, 4):
+            p0 = tl.load(parts_ptr + s0 * (BLOCK_M * BLOCK_N) + sub, cache_modifier=".cg")
+            p1 = tl.load(parts_ptr + (s0 + 1) * (BLOCK_M * BLOCK_N) + sub, mask=s0 + 1 < splits, other=0.0,
+                         cache_modifier=".cg")
+            p2 = tl.load(parts_ptr + (s0 + 2) * (BLOCK_M * BLOCK_N) + sub, mask=s0 + 2 < splits, other=0.0,
+                         cache_modifier=".cg")
+            p3 = tl.load(parts_ptr + (s0 + 3) * (BLOCK_M * BLOCK_N) + sub, mask=s0 + 3 < splits, other=0.0,
+                         cache_modifier=".cg")
+            total = (((total + p0) + p1) + p2) + p3
+        _epilogue(total, offs_m, n0 + cols, M, N, c_ptr, stride_cm, stride_cn, bias_ptr, stride_bias,
+                  y_ptr, z_ptr, stride_ym, stride_yn, alpha, beta, act_alpha, HAS_C, BIAS_KIND, ACT, SAVE_Z)
 
 
 _SM_COUNT: dict[int, tuple[int, int]] = {}  # device index -> (SMs, compute capability major)
@@ -578,13 +663,19 @@ def _launch(a_view, b_view, y, *, z=None, c=None, bias=None, bias_kind=0, act=0,
         num_sms = _tma_sms(a.device)
         grid = lambda meta: (min(num_sms, runtime.cdiv(M, meta["BLOCK_M"]) * runtime.cdiv(N, meta["BLOCK_N"])),)
         ptrs, strides = _epilogue_operands(y, z, c, bias)
+        split_tail = K >= SPLIT_TAIL_MIN_K and runtime.cdiv(M, 128) * runtime.cdiv(N, 128) <= 4 * num_sms
+        if split_tail:  # room for one partial tile per SM (of the largest config), arrival counts
+            part = torch.empty(num_sms * TMA_MAX_TILE, dtype=torch.float32, device=y.device)
+            arrivals = torch.zeros(num_sms, dtype=torch.int32, device=y.device)
+        else:
+            part = arrivals = y
         gemm_tma_kernel[grid](
-            a_desc, b_desc, *ptrs, M, N, K, *strides,
+            a_desc, b_desc, *ptrs, part, arrivals, M, N, K, *strides,
             float(alpha), float(beta), float(act_alpha),
             HAS_C=c is not None, BIAS_KIND=bias_kind, ACT=act, SAVE_Z=z is not None,
             A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, OPERAND_BYTES=a.element_size(),
             PRECISION=precision, ROUND_TF32=round_tf32 and not getattr(a_desc, "round_f32_to_tf32", False),
-            NUM_SMS=num_sms,
+            NUM_SMS=num_sms, SPLIT_TAIL=split_tail,
         )
         return
     ys = (y.stride(0) if y.dim() == 3 else 0, y.stride(-2), y.stride(-1))
