@@ -127,6 +127,7 @@ def gemm_breakdown(step, model: str) -> None:
         (a, (_, sam, sak), batch, M, K), (b, (_, sbk, sbn), _, _, N) = a_view, b_view
         labels = dict(zip(("M", "N", "K", "batch", "a_kmajor", "b_kmajor", "dtype", "out"), sig[:8]))
         labels["epilogue"] = ",".join(f"{k}={v}" for k, v in sig[8]) or "-"
+        labels["strides"] = f"a{(sam, sak)} b{(sbk, sbn)} y{tuple(y.stride())}"
         labels["per_step"] = count
         mm = None
         if batch == 1 and not kw.get("reduce_batch"):
