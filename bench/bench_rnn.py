@@ -29,6 +29,9 @@ PREDICTION = ("forward (session 18): the dot as h_prev [64, K] x W_hh^T, a wgmma
               "a step, 0.7 ms at hidden 256 and ~0.9 ms at 512, against the stepwise 1.3-1.8 ms")
 
 
+BASELINE = None  # --baseline: an earlier kernels/rnn.py, its rnn_forward timed beside this one's
+
+
 def _modules(cls: str, hidden: int, dtype: torch.dtype, device):
     ref = getattr(torch.nn, cls)(hidden, hidden).to(device, dtype)
     ref.flatten_parameters()  # one contiguous weight buffer, as cuDNN wants (else it compacts on every call)
@@ -57,27 +60,38 @@ def _graph_and_parts(name, g_fn, t_fn, mod, x, mode, dtype) -> dict:
     kname = [k for k, v in K.MODES.items() if v == mode][0]
     save = name != "forward"
     res = call("rnn_forward", gx, w, None, h0, c0, None, mode=kname, reverse=False, save=save)
+
     def rec_fwd():
         call("rnn_forward", gx, w, None, h0, c0, None, mode=kname, reverse=False, save=save)
 
     out["rec_fwd_ms"] = time_ms(rec_fwd, 10, 50, cuda_graph=True)
-    if K.FWD_BATCH_M:  # the other form of the persistent forward's dot (W_hh x h_prev^T), same process
-        K.FWD_BATCH_M = False
-        try:
-            out["rec_fwd_units_m_ms"] = time_ms(rec_fwd, 10, 50, cuda_graph=True)
-        except Exception as e:  # noqa: BLE001 (recorded, not fatal)
-            out["rec_fwd_units_m_ms"] = f"{type(e).__name__}: {e}"[:120]
-        finally:
-            K.FWD_BATCH_M = True
-    if save:
-        dy = torch.randn(T, B, H, device=x.device, dtype=dtype)
-        out["rec_bwd_ms"] = time_ms(lambda: call("rnn_backward", dy, h0, c0, w, None, *res[3:], mode=kname,
-                                                 reverse=False), 10, 50, cuda_graph=True)
     prec = "ieee" if dtype != torch.float32 else ge2.get_matmul_precision()
     fwd_key = ("fwd", H, mode, dtype, B, prec)
     # "64m": the batch-rows-as-M dot (kernels.rnn.FWD_BATCH_M); a plain number: BLOCK_B of W_hh x h_prev^T
     fwd_bb = f"{K._BLOCK_B[fwd_key + ('batch_m',)]}m" if K._BLOCK_B.get(fwd_key + ("batch_m",)) else \
         str(K._BLOCK_B.get(fwd_key, "-"))
+    # each form of the persistent forward's dot, and --baseline's kernels, in this process: the launchers are
+    # called directly (backend.call would replay its recorded plan, whatever kernels.rnn's switches say now)
+    variants = [("batch_m", K, dict(FWD_BATCH_M=True, FWD_BATCH_M_MIN_K=0)), ("units_m", K, dict(FWD_BATCH_M=False))]
+    if BASELINE is not None:
+        variants.append(("baseline", BASELINE, {}))
+    for tag, mod_, switches in variants:
+        old = {k: getattr(mod_, k) for k in switches}
+        for k, v in switches.items():
+            setattr(mod_, k, v)
+        try:
+            out[f"rec_fwd_{tag}_ms"] = time_ms(lambda: mod_.rnn_forward(gx, w, None, h0, c0, None, mode=mode,
+                                                                       reverse=False, save=save), 10, 50,
+                                               cuda_graph=True)
+        except Exception as e:  # noqa: BLE001 (recorded, not fatal)
+            out[f"rec_fwd_{tag}_ms"] = f"{type(e).__name__}: {e}"[:120]
+        finally:
+            for k, v in old.items():
+                setattr(mod_, k, v)
+    if save:
+        dy = torch.randn(T, B, H, device=x.device, dtype=dtype)
+        out["rec_bwd_ms"] = time_ms(lambda: call("rnn_backward", dy, h0, c0, w, None, *res[3:], mode=kname,
+                                                 reverse=False), 10, 50, cuda_graph=True)
     out["block_b"] = fwd_bb + "/" + str(K._BLOCK_B.get(("bwd", H, mode, dtype, B, prec), "-"))
     return out
 
@@ -92,7 +106,15 @@ def main() -> None:
     ap.add_argument("--out", default="rnn", help="result name (bench/results/<out>.json)")
     ap.add_argument("--bwd", choices=("auto", "persistent", "stepwise"), default=None,
                     help="the backward path when a layer does not force one (default: kernels.rnn.BACKWARD_PATH)")
+    ap.add_argument("--baseline", default=None, help="an earlier ge2/kernels/rnn.py (e.g. from git show): its "
+                    "recurrence forward is timed beside this one's (rec_fwd_baseline_ms)")
     args = ap.parse_args()
+    if args.baseline:
+        import importlib.util
+        global BASELINE
+        spec = importlib.util.spec_from_file_location("ge2.kernels._rnn_baseline", args.baseline)
+        BASELINE = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(BASELINE)
     if args.bwd:
         K.BACKWARD_PATH = args.bwd
     if args.smoke:

@@ -253,6 +253,7 @@ def test_wide_lstm_large(hidden):
 def test_persistent_forward_dot_orientations(cls, batch_m, monkeypatch):
     """Both forms of the persistent forward's dot (h_prev x W_hh^T with batch rows as M, and W_hh x h_prev^T)."""
     monkeypatch.setattr(K, "FWD_BATCH_M", batch_m)
+    monkeypatch.setattr(K, "FWD_BATCH_M_MIN_K", 0)  # the batch-rows-as-M form at any width
     kw = dict(input_size=3, hidden_size=7)
     _check(cls, kw, randn(5, 3, 3, dtype=torch.float64, noncontig=True, seed=21), _hx(cls, kw, 3), path="persistent")
 
@@ -262,6 +263,7 @@ def test_persistent_forward_dot_orientations(cls, batch_m, monkeypatch):
 def test_persistent_forward_row_rounds_large(batch_m, monkeypatch):
     """More batch rows than one dot takes (rounds of 64 / _block_b rows), with variable lengths."""
     monkeypatch.setattr(K, "FWD_BATCH_M", batch_m)
+    monkeypatch.setattr(K, "FWD_BATCH_M_MIN_K", 0)
     kw = dict(input_size=24, hidden_size=300)
     lengths = torch.randint(1, 10, (70,), generator=torch.Generator().manual_seed(5)).tolist()
     lengths[0] = 9

@@ -478,9 +478,11 @@ def _block_b(B: int, bk: int, rows: int = 1) -> int:
 # The backward's default path (None in rnn_backward): "auto" is the persistent kernel except where the
 # H100 measured the stepwise one faster (docs/rnn.md: 16-bit layers with NG H > 2048, e.g. a bf16 LSTM at 1024).
 BACKWARD_PATH = "auto"
-# The persistent forward's dot: h_prev [64 rows, K] x W_hh^T (True, where it fits shared memory) or W_hh x h_prev^T
-# in rounds of _block_b rows (False). docs/rnn.md has the measurement.
+# The persistent forward's dot: h_prev [64 rows, K] x W_hh^T where BLOCK_K >= FWD_BATCH_M_MIN_K and it fits shared
+# memory, else W_hh x h_prev^T in rounds of _block_b rows. The H100 measured the first 1.8x faster at hidden 1024
+# (bf16) and slower at 256 / 512 (docs/rnn.md). FWD_BATCH_M = False turns it off (tests, benchmarks).
 FWD_BATCH_M = True
+FWD_BATCH_M_MIN_K = 1024
 BWD_BLOCK_K = 256  # K chunk of the persistent backward's per-step dot (W_hh read from L1/L2 chunk by chunk)
 _BLOCK_B: dict[tuple, int] = {}  # (pass, H, mode, dtype, B, precision) -> BLOCK_B that compiled; 0: none did
 
@@ -566,7 +568,7 @@ def rnn_forward(gx: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor | None,
         meta = dict(**flags, BLOCK_H=bh, BLOCK_K=bk, PRECISION=_precision(dt))
         # batch rows as the dot's M (a wgmma at 64 rows, W^T read from shared memory) where h [64, K] and W^T
         # fit shared memory; one pipeline stage: the round loop has one trip at B <= 64, nothing to prefetch
-        ok = FWD_BATCH_M and _launch_persistent(rnn_fwd_persistent_kernel, key + ("batch_m",), 64, grid, *args,
+        ok = FWD_BATCH_M and bk >= FWD_BATCH_M_MIN_K and _launch_persistent(rnn_fwd_persistent_kernel, key + ("batch_m",), 64, grid, *args,
                                                 smallest=64, **meta, BATCH_M=True, num_warps=8, num_stages=1)
         if not ok:
             ok = _launch_persistent(rnn_fwd_persistent_kernel, key, _block_b(B, bk), grid, *args, **meta,
