@@ -454,7 +454,7 @@ def test_tma_split_tail(index, monkeypatch):
     bm, bn, bk = (cfg.kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
     tiles_m = 8
     tiles_n = (sms + 20) // tiles_m + 1  # >= one wave; the rest, 20-27 tiles, is the split tail
-    M, N, K = tiles_m * bm - 5, tiles_n * bn - 7, 2100
+    M, N, K = tiles_m * bm - 5, tiles_n * bn - 7, 2104  # K: 16-byte rows (TMA), ragged against BLOCK_K
     left, k_tiles = (tiles_m * tiles_n) % sms, -(-K // bk)
     assert 0 < 2 * left <= sms and min(sms // left, k_tiles // 8) > 1, "the shape must take the split tail"
     x, w, bias = randn(M, K, dtype=dtype, seed=41), randn(N, K, dtype=dtype, seed=42), randn(N, dtype=dtype, seed=43)

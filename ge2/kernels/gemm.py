@@ -390,9 +390,10 @@ def _prune_tma(configs, named_args, **kwargs):
     args = {**named_args, **kwargs}  # constexprs passed by keyword arrive in kwargs
     wide = args["OPERAND_BYTES"] <= 2
     keep = [c for c in configs if (c in TMA_CONFIGS_16BIT) == wide]
-    # Small problems: tiles that leave SMs idle lose to smaller ones; let only those compete.
-    fills = [c for c in keep if runtime.cdiv(args["M"], c.kwargs["BLOCK_M"]) * runtime.cdiv(args["N"], c.kwargs["BLOCK_N"])
-             >= args["NUM_SMS"] // 2]
+    # Small problems: tiles that leave SMs idle lose to smaller ones; let only those compete (unless
+    # the split tail spreads a short last wave over every SM).
+    fills = [c for c in keep if args["SPLIT_TAIL"] or runtime.cdiv(args["M"], c.kwargs["BLOCK_M"])
+             * runtime.cdiv(args["N"], c.kwargs["BLOCK_N"]) >= args["NUM_SMS"] // 2]
     return fills or keep[-2:]
 
 
