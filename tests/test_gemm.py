@@ -438,11 +438,13 @@ def test_tma_every_config(index, monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the TMA kernel runs on Hopper GPUs only")
 @pytest.mark.parametrize("index", range(len(TMA_CONFIGS)))
-def test_tma_split_tail(index, monkeypatch):
-    """Each TMA config on a shape of one full wave plus 20 tiles, with a long, ragged K: the 20 tiles
-    are split along K (gemm_kernels.SPLIT_TAIL_MIN_K), their partials summed by whichever program
-    arrives last. Epilogue (bias, gelu, z) on the summed tiles, ragged M and N, and the same bits
-    on every call (the partials are added in split order whoever sums them)."""
+@pytest.mark.parametrize("waves", ["one wave and a tail", "fewer tiles than SMs"])
+def test_tma_split_tail(index, waves, monkeypatch):
+    """Each TMA config on a long, ragged K and either a full wave plus 20-27 tiles or only 32 tiles:
+    those tiles are split along K (gemm_kernels.SPLIT_TAIL_MIN_K) over every SM, their partials
+    summed by whichever program arrives last. Epilogue (bias, gelu, z) on the summed tiles, ragged
+    M and N, and the same bits on every call (the partials are added in split order whoever sums
+    them; a tile some program never finished would leave the output's old bytes)."""
     sms = gemm_kernels._tma_sms(torch.device("cuda"))
     if sms == 0:
         pytest.skip("no TMA before Hopper")
@@ -453,7 +455,7 @@ def test_tma_split_tail(index, monkeypatch):
         monkeypatch.setattr(gemm_kernels.gemm_tma_kernel, name, value, raising=name != "best_config")
     bm, bn, bk = (cfg.kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
     tiles_m = 8
-    tiles_n = (sms + 20) // tiles_m + 1  # >= one wave; the rest, 20-27 tiles, is the split tail
+    tiles_n = (sms + 20) // tiles_m + 1 if waves == "one wave and a tail" else 4
     M, N, K = tiles_m * bm - 5, tiles_n * bn - 7, 2104  # K: 16-byte rows (TMA), ragged against BLOCK_K
     left, k_tiles = (tiles_m * tiles_n) % sms, -(-K // bk)
     assert 0 < 2 * left <= sms and min(sms // left, k_tiles // 8) > 1, "the shape must take the split tail"
@@ -464,7 +466,9 @@ def test_tma_split_tail(index, monkeypatch):
     old = ge2.set_matmul_precision("tf32")
     try:
         y, z = call("gemm", x, w, None, bias, save_z=True, **attrs)
-        y2, z2 = call("gemm", x, w, None, bias, save_z=True, **attrs)
+        y2, z2 = (torch.full_like(t, float("nan")) for t in (y, z))  # no tile may be left unwritten
+        gemm_kernels._launch(gemm_kernels._view(x, False), gemm_kernels._view(w, True), y2, z=z2, bias=bias,
+                             bias_kind=gemm_kernels.BIAS_KINDS["per_n"], act=act_code("gemm", "gelu", 0.01))
     finally:
         ge2.set_matmul_precision(old)
     assert gemm_kernels.gemm_tma_kernel.best_config is cfg, "the TMA kernel did not run"

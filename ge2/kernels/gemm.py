@@ -662,9 +662,12 @@ def _launch(a_view, b_view, y, *, z=None, c=None, bias=None, bias_kind=0, act=0,
     if tma is not None:
         a_desc, b_desc, a_kmajor, b_kmajor = tma
         num_sms = _tma_sms(a.device)
-        grid = lambda meta: (min(num_sms, runtime.cdiv(M, meta["BLOCK_M"]) * runtime.cdiv(N, meta["BLOCK_N"])),)
         ptrs, strides = _epilogue_operands(y, z, c, bias)
         split_tail = K >= SPLIT_TAIL_MIN_K and runtime.cdiv(M, 128) * runtime.cdiv(N, 128) <= 4 * num_sms
+        # One program per SM; fewer when there are fewer tiles, except with a split tail, whose
+        # pieces of a few tiles are spread over every SM (the kernel decides per config).
+        grid = lambda meta: (num_sms if split_tail else  # noqa: E731
+                             min(num_sms, runtime.cdiv(M, meta["BLOCK_M"]) * runtime.cdiv(N, meta["BLOCK_N"])),)
         if split_tail:  # room for one partial tile per SM (of the largest config), arrival counts
             part = torch.empty(num_sms * TMA_MAX_TILE, dtype=torch.float32, device=y.device)
             arrivals = torch.zeros(num_sms, dtype=torch.int32, device=y.device)
