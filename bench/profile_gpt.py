@@ -139,8 +139,17 @@ def gemm_breakdown(step, model: str) -> None:
             tuner.best_config = None
         launch(a_view, b_view, y, **kw)
         config = next((f"{t.fn.__name__}: {t.best_config}" for t in tuners if t.best_config is not None), "-")
+        whole = None  # the same GEMM with the split tail off (gemm.SPLIT_TAIL), where it could split
+        if K >= G.SPLIT_TAIL_MIN_K and "c" not in kw:
+            def whole(args=(a_view, b_view, y), kw=kw):
+                G.SPLIT_TAIL = False
+                try:
+                    return launch(*args, **kw)
+                finally:
+                    G.SPLIT_TAIL = True
+            whole()  # tuned outside the graph capture
         row = bench.add(labels, flops=2.0 * M * N * K * batch,
-                        ge2=lambda args=(a_view, b_view, y), kw=kw: launch(*args, **kw), mm=mm)
+                        ge2=lambda args=(a_view, b_view, y), kw=kw: launch(*args, **kw), mm=mm, ge2_whole=whole)
         row["config"] = config
         if row.get("mm_ms"):
             row["lost_ms_per_step"] = count * (row["ge2_ms"] - row["mm_ms"])

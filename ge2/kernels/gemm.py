@@ -102,6 +102,7 @@ KMAJOR_COPY_MIN = 1 << 27
 # waves of work) splits that wave's tiles along K over all SMs. Considered from this K up, for
 # outputs of at most 4 waves of 128x128 tiles (beyond that the tail is a small share).
 SPLIT_TAIL_MIN_K = 1024
+SPLIT_TAIL = True  # off: every tile whole (benchmarks compare the two)
 # Problems under this many multiply-adds are launch-bound: one small config, no tuning.
 SMALL_PROBLEM = 1 << 24
 SMALL_CONFIG = tile_config(64, 64, 32, 4, 3)
@@ -663,7 +664,7 @@ def _launch(a_view, b_view, y, *, z=None, c=None, bias=None, bias_kind=0, act=0,
         a_desc, b_desc, a_kmajor, b_kmajor = tma
         num_sms = _tma_sms(a.device)
         ptrs, strides = _epilogue_operands(y, z, c, bias)
-        split_tail = K >= SPLIT_TAIL_MIN_K and runtime.cdiv(M, 128) * runtime.cdiv(N, 128) <= 4 * num_sms
+        split_tail = SPLIT_TAIL and K >= SPLIT_TAIL_MIN_K and runtime.cdiv(M, 128) * runtime.cdiv(N, 128) <= 4 * num_sms
         # One program per SM; fewer when there are fewer tiles, except with a split tail, whose
         # pieces of a few tiles are spread over every SM (the kernel decides per config).
         grid = lambda meta: (num_sms if split_tail else  # noqa: E731
