@@ -173,7 +173,7 @@ def test_sort_packed_merges(monkeypatch, kind):
         check_topk(x, k)
 
 
-@pytest.mark.parametrize("bits, tile, sub, chunk", [(5, 8, 4, 2), (8, 16, 16, 64)])
+@pytest.mark.parametrize("bits, tile, sub, chunk", [(5, 8, 4, 2), (8, 16, 8, 64)])
 def test_sort_radix(monkeypatch, bits, tile, sub, chunk):
     """The GPU's radix sort of whole rows: counting passes over tiles, stable (ties keep their input
     order in both directions), NaN last, -0 == +0; several tiles a row, a short last tile, strided rows."""
@@ -181,7 +181,7 @@ def test_sort_radix(monkeypatch, bits, tile, sub, chunk):
     monkeypatch.setattr(SO, "RADIX_MIN_N", 2)
     monkeypatch.setattr(SO, "RADIX_BITS", bits)
     monkeypatch.setattr(SO, "RADIX_TILE", tile)
-    monkeypatch.setattr(SO, "RADIX_SUB", sub)  # 4: a tile's ranks in two steps, the counts carried
+    monkeypatch.setattr(SO, "RADIX_SUB", sub)  # a tile in two steps, the counts carried
     monkeypatch.setattr(SO, "RADIX_CHUNK", chunk)  # 2: the offsets loop over a row's tiles in steps
     x = (3 * sample(3, 45, seed=30)).round()  # ties on purpose
     x[0, 7] = x[0, 30] = x[2, 44] = math.nan

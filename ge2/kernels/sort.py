@@ -95,7 +95,7 @@ RADIX_MIN_N = TILE + 1
 RADIX_BITS = 5
 RADIX_TILE = 1024
 RADIX_WARPS = 8
-RADIX_SUB = 256  # keys a step of the scatter's rank (registers: see _radix_scatter_kernel)
+RADIX_SUB = 1024  # keys a step of the scatter (one tl.sort of digit | position each)
 RADIX_CHUNK = 64  # tiles a step of the offsets' loop over a row
 # tl.sort for 32-bit keys. The interpreter runs its compare-and-swap network element by element
 # (seconds per tile), so there every tile is ranked instead; tests switch it on for one case.
@@ -361,31 +361,37 @@ def sorted_rows(x2: torch.Tensor, descending: bool, cap: int | None = None) -> t
 # Radix sort: whole rows of 32-bit keys (or narrower), least significant digit first
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _radix_keys(x_ptr, key_ptr, row, cols, live, N, stride_xm, stride_xn, DESCENDING: tl.constexpr,
+def _radix_load(x_ptr, key_ptr, row, cols, live, N, stride_xm, stride_xn, DESCENDING: tl.constexpr,
                 FIRST: tl.constexpr):
-    """The tile's keys as uint32s in sort order: from x in the first pass, else from the previous pass's output."""
+    """The keys at cols as int64 (key << 32 | index), key a uint32 in sort order: from x in the first
+    pass, else from the previous pass's output."""
     if FIRST:
         x = tl.load(x_ptr + row * stride_xm + cols.to(tl.int64) * stride_xn, mask=live, other=0)
-        key = (order_key(x, DESCENDING) + 2**31).to(tl.uint32)
+        key = (order_key(x, DESCENDING) + 2**31).to(tl.uint32).to(tl.int64)
+        packed = (key << 32) | cols.to(tl.int64)
     else:
-        key = tl.load(key_ptr + row * N + cols, mask=live, other=0).to(tl.uint32, bitcast=True)
-    return key
+        packed = tl.load(key_ptr + row * N + cols, mask=live, other=0)
+    return packed
+
+
+@triton.jit
+def _radix_digit(packed, SHIFT, BITS: tl.constexpr):
+    """Digit bits 32 + SHIFT.. of the packed key (int32). The top digit's sign-extended bits keep its order."""
+    return ((packed >> (SHIFT + 32)) & ((1 << BITS) - 1)).to(tl.int32)
 
 
 @triton.jit
 def _radix_hist_kernel(x_ptr, key_ptr, hist_ptr, N, tiles, stride_xm, stride_xn, SHIFT, DESCENDING: tl.constexpr,
                        FIRST: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr):
-    """hist[row, tile, b] = how many of the tile's keys have digit b (bits SHIFT.. SHIFT + BITS).
-
-    SHIFT is a run-time argument (one compilation serves every middle pass). Should the shift of the
-    uint32 key be arithmetic, the top digit's sign-extended bits still order it the same way."""
+    """hist[row, tile, b] = how many of the tile's keys have digit b (SHIFT: a run-time argument, so one
+    compilation serves every middle pass)."""
     pid = tl.program_id(0)
     row = (pid // tiles).to(tl.int64)
     cols = (pid % tiles) * TILE + tl.arange(0, TILE)
     live = cols < N
-    key = _radix_keys(x_ptr, key_ptr, row, cols, live, N, stride_xm, stride_xn, DESCENDING, FIRST)
+    digit = _radix_digit(_radix_load(x_ptr, key_ptr, row, cols, live, N, stride_xm, stride_xn, DESCENDING, FIRST),
+                         SHIFT, BITS)
     NB: tl.constexpr = 1 << BITS
-    digit = ((key >> SHIFT) & (NB - 1)).to(tl.int32)
     tl.store(hist_ptr + pid.to(tl.int64) * NB + tl.arange(0, NB), tl.histogram(digit, NB, mask=live))
 
 
@@ -409,62 +415,59 @@ def _radix_offsets_kernel(hist_ptr, tiles, NB: tl.constexpr, CHUNK: tl.constexpr
 
 
 @triton.jit
-def _radix_scatter_kernel(x_ptr, key_in, index_in, key_out, index_out, values_ptr, hist_ptr, N, tiles,
-                          stride_xm, stride_xn, SHIFT, DESCENDING: tl.constexpr, FIRST: tl.constexpr,
-                          LAST: tl.constexpr, BITS: tl.constexpr, TILE: tl.constexpr, SUB: tl.constexpr):
-    """One stable counting pass: each key of the tile (with its index) goes to its digit's offset plus its rank
-    among the tile's earlier keys of that digit. LAST writes x's values and int64 indices instead.
+def _radix_scatter_kernel(x_ptr, key_in, key_out, values_ptr, index_out, hist_ptr, N, tiles, stride_xm, stride_xn,
+                          SHIFT, DESCENDING: tl.constexpr, FIRST: tl.constexpr, LAST: tl.constexpr,
+                          BITS: tl.constexpr, TILE: tl.constexpr, SUB: tl.constexpr, LOG_SUB: tl.constexpr):
+    """One stable counting pass over a tile, SUB keys a step: the step's keys are put in (digit, position)
+    order on chip (tl.sort of digit << LOG_SUB | position, then tl.gather), so that neighbouring lanes
+    store to neighbouring addresses: the digit's offset for this tile, plus the counts of the steps
+    before, plus the key's place among the step's keys of its digit. LAST writes x's values and int64
+    indices instead of the packed keys.
 
-    The rank is a cumsum down a one-hot [SUB, NB / 2] matrix holding two 16-bit counters per int32
-    (half the columns to scan; TILE <= 32768 keeps the low counter from carrying into the high one),
-    SUB keys a step, the counts so far carried in the same packed form: a whole tile's matrix would
-    take ~190 registers a thread (one program per SM)."""
+    (Storing each key straight from its lane, one 4-byte store per lane to 2^BITS places, took ~0.45 ms
+    a pass on 8M keys: the stores were as many L2 requests as keys.)"""
     pid = tl.program_id(0)
     row = (pid // tiles).to(tl.int64)
     NB: tl.constexpr = 1 << BITS
-    pairs = tl.arange(0, NB // 2)
-    carry = tl.zeros([NB // 2], tl.int32)
+    bins = tl.arange(0, NB)
+    j = tl.arange(0, SUB)
+    offset = tl.load(hist_ptr + pid.to(tl.int64) * NB + bins)  # where the tile's keys of each digit start
     for s in range(TILE // SUB):
-        cols = (pid % tiles) * TILE + s * SUB + tl.arange(0, SUB)
+        cols = (pid % tiles) * TILE + s * SUB + j
         live = cols < N
-        key = _radix_keys(x_ptr, key_in, row, cols, live, N, stride_xm, stride_xn, DESCENDING, FIRST)
-        if FIRST:
-            index = cols
-        else:
-            index = tl.load(index_in + row * N + cols, mask=live, other=0)
-        digit = ((key >> SHIFT) & (NB - 1)).to(tl.int32)
-        half = (digit & 1) * 16
-        hit = (digit >> 1)[:, None] == pairs[None, :]
-        ones = tl.where(hit & live[:, None], (1 << half)[:, None], 0)
-        counts = tl.cumsum(ones, 0) + carry[None, :]
-        carry += tl.sum(ones, 0).to(tl.int32)
-        rank = ((tl.sum(tl.where(hit, counts, 0), 1) >> half) & 0xFFFF) - 1
-        start = tl.load(hist_ptr + pid.to(tl.int64) * NB + digit, mask=live, other=0)
-        dest = row * N + start + rank
+        packed = _radix_load(x_ptr, key_in, row, cols, live, N, stride_xm, stride_xn, DESCENDING, FIRST)
+        digit = tl.where(live, _radix_digit(packed, SHIFT, BITS), NB)  # padding sorts after every digit
+        order = tl.sort((digit << LOG_SUB) | j)
+        counts = tl.histogram(digit, NB, mask=live)
+        start = offset - (tl.cumsum(counts, 0) - counts)  # minus where the step's run of each digit starts
+        offset += counts
+        sorted_digit = order >> LOG_SUB
+        keep = sorted_digit < NB
+        dest = row * N + tl.gather(start, tl.minimum(sorted_digit, NB - 1), 0) + j
+        moved = tl.gather(packed, order & (SUB - 1), 0)
         if LAST:
-            x = tl.load(x_ptr + row * stride_xm + index.to(tl.int64) * stride_xn, mask=live)
-            tl.store(values_ptr + dest, x, mask=live)
-            tl.store(index_out + dest, index.to(tl.int64), mask=live)
+            index = moved & 0xFFFFFFFF
+            tl.store(values_ptr + dest, tl.load(x_ptr + row * stride_xm + index * stride_xn, mask=keep), mask=keep)
+            tl.store(index_out + dest, index, mask=keep)
         else:
-            tl.store(key_out + dest, key.to(tl.int32, bitcast=True), mask=live)
-            tl.store(index_out + dest, index, mask=live)
+            tl.store(key_out + dest, moved, mask=keep)
 
 
 def radix_sort_rows(x2: torch.Tensor, descending: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """x2 [M, N] (32-bit keys or narrower, any strides) -> (values like x2, int64 indices), each row sorted, stable.
 
-    cdiv(32, RADIX_BITS) passes from the lowest digit up; each counts its digit per tile of RADIX_TILE
-    (hist), turns the counts into offsets (one program per row) and moves every key and index once
-    (scatter): stable within a tile by the one-hot cumsum, across tiles by the offsets, so equal keys
-    keep their input order (torch's stable sort, both directions: descending flips the key's bits)."""
+    cdiv(32, RADIX_BITS) passes from the lowest digit up over key << 32 | index int64s; each counts its
+    digit per tile of RADIX_TILE (hist), turns the counts into offsets (one program per row) and moves
+    every key once (scatter): stable within a tile by the (digit, position) order, across tiles by the
+    offsets, so equal keys keep their input order (torch's stable sort; descending flips the key's bits)."""
     M, N = x2.shape
     dev = x2.device
     tiles = cdiv(N, RADIX_TILE)
     nb = 1 << RADIX_BITS
     passes = cdiv(32, RADIX_BITS)
+    sub = min(RADIX_SUB, RADIX_TILE)
     hist = torch.empty((M * tiles * nb,), dtype=torch.int32, device=dev)
-    keys = [torch.empty((M, N), dtype=torch.int32, device=dev) for _ in range(2)]
-    index = [torch.empty((M, N), dtype=torch.int32, device=dev) for _ in range(2)]
+    keys = [torch.empty((M, N), dtype=torch.int64, device=dev) for _ in range(2)]
     values = torch.empty((M, N), dtype=x2.dtype, device=dev)
     indices = torch.empty((M, N), dtype=torch.int64, device=dev)
     if M * N == 0:
@@ -472,15 +475,13 @@ def radix_sort_rows(x2: torch.Tensor, descending: bool) -> tuple[torch.Tensor, t
     strides = (x2.stride(0), x2.stride(1))
     for p in range(passes):
         src, dst = keys[p % 2], keys[(p + 1) % 2]
-        first, last = p == 0, p == passes - 1
-        common = dict(DESCENDING=bool(descending), FIRST=first, BITS=RADIX_BITS, TILE=RADIX_TILE)
+        common = dict(DESCENDING=bool(descending), FIRST=p == 0, BITS=RADIX_BITS, TILE=RADIX_TILE)
         shift = p * RADIX_BITS
         _radix_hist_kernel[(M * tiles,)](x2, src, hist, N, tiles, *strides, shift, **common, num_warps=4)
         chunk = min(RADIX_CHUNK, triton.next_power_of_2(tiles))
         _radix_offsets_kernel[(M,)](hist, tiles, NB=nb, CHUNK=chunk, num_warps=4)
-        _radix_scatter_kernel[(M * tiles,)](x2, src, index[p % 2], dst, indices if last else index[(p + 1) % 2],
-                                            values, hist, N, tiles, *strides, shift, LAST=last,
-                                            SUB=min(RADIX_SUB, RADIX_TILE), **common,
+        _radix_scatter_kernel[(M * tiles,)](x2, src, dst, values, indices, hist, N, tiles, *strides, shift,
+                                            LAST=p == passes - 1, SUB=sub, LOG_SUB=sub.bit_length() - 1, **common,
                                             num_warps=RADIX_WARPS)
     return values, indices
 
