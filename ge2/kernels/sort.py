@@ -87,10 +87,13 @@ TILE_WARPS = 0  # warps of the tile pass; 0: 8 for tiles of 512+ elements, else 
 _INT64_MAX = tl.constexpr(2**63 - 1)
 _WIDE_KEYS = (torch.float64, torch.int64)
 # Radix sort (sort/argsort of whole rows of 32-bit keys or narrower, longer than RADIX_MIN_N - 1):
-# cdiv(32, RADIX_BITS) counting passes of tiles of RADIX_TILE keys, each moving every key and
-# index once, in place of the tile sort and the log2(N / TILE) merges (latency-bound: ~0.15 ms
-# each on 8M keys). On the interpreter only where a test switches it on (RADIX_SORT).
-RADIX_SORT = not INTERPRETER
+# cdiv(32, RADIX_BITS) counting passes over tiles of RADIX_TILE keys, each moving every key once, in
+# place of the tile sort and the log2(N / TILE) merges (latency-bound: ~0.15 ms each on 8M keys).
+# OFF by default: its first form (each lane storing its key where it goes) took 3.16 / 3.17 ms on
+# 256 x 32k / 64 x 128k fp32 against the merges' 1.15 / 1.44 (H100, bench/results/
+# tensor_ops_sort_radix_v1.json); the present form (stores in (digit, position) order) is not yet
+# measured: `bench/sort_variants.py --radix` times it against the merges and torch.
+RADIX_SORT = False
 RADIX_MIN_N = TILE + 1
 RADIX_BITS = 5
 RADIX_TILE = 1024
