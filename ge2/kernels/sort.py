@@ -29,6 +29,10 @@ each lane then writes its MERGE_SEQ outputs by taking the smaller head of the tw
 and the draw without replacement cap every run at k: a tile keeps only its k best and a merge
 writes only the first k of each merged pair.
 
+**Radix sort** (off: RADIX_SORT). Whole rows of 32-bit keys, least significant digit first: per pass,
+per-tile digit counts, a per-row scan into offsets, and a scatter that puts each step's keys in
+(digit, position) order on chip (tl.sort, tl.gather) before storing them to their digit's run.
+
 **Radix select.** For SELECT_MIN_K <= k <= 4096 out of rows longer than a tile and at most
 SELECT_MAX_N long (packed keys), the first k are found without sorting the row: (key + 2^31) << IB
 | index is one non-negative number per element, unique; pass p histograms its digit p (8 bits from
