@@ -97,12 +97,18 @@ SPLIT_EPILOGUE_BLOCKS = (16, 16, 32)  # (splits, rows, columns) summed per step:
 # The backward's K-major operand copies (``_k_major``) pay from here up: measured on the H100 in
 # tf32x3, 64x1024x1024 ran 22 us without them and 30 us with; 512x1024x1024, 46 without and 37 with.
 KMAJOR_COPY_MIN = 1 << 27
-# Split tail (gemm_tma_kernel): a GEMM of a few waves whose last wave leaves most SMs idle (the
-# GPT's weight gradients, 768x3072 over K = 8192: 144 tiles on 132 SMs, two tile-times for 1.1
-# waves of work) splits that wave's tiles along K over all SMs. Considered from this K up, for
-# outputs of at most 4 waves of 128x128 tiles (beyond that the tail is a small share).
+# Split tail (gemm_tma_kernel): a GEMM of about one wave whose last wave leaves most SMs idle
+# (the GPT's weight gradients, 768x3072 over K = 8192: 144 tiles on 132 SMs, two tile-times for
+# 1.1 waves of work) splits that wave's tiles along K over all SMs. Considered from this K up, for
+# outputs of at most 1.5 waves of 128x128 tiles: with more, smaller whole tiles measured as fast
+# or faster (8192x768 over K = 2304: 48 us whole, 57 us with 128x256 tiles and a split tail).
 SPLIT_TAIL_MIN_K = 1024
 SPLIT_TAIL = True  # off: every tile whole (benchmarks compare the two)
+
+
+def _split_tail_on(M: int, N: int, K: int, num_sms: int) -> bool:
+    """Whether gemm_tma_kernel may split its last wave (each config then decides in the kernel)."""
+    return SPLIT_TAIL and K >= SPLIT_TAIL_MIN_K and runtime.cdiv(M, 128) * runtime.cdiv(N, 128) <= 3 * num_sms // 2
 # Problems under this many multiply-adds are launch-bound: one small config, no tuning.
 SMALL_PROBLEM = 1 << 24
 SMALL_CONFIG = tile_config(64, 64, 32, 4, 3)
@@ -664,7 +670,7 @@ def _launch(a_view, b_view, y, *, z=None, c=None, bias=None, bias_kind=0, act=0,
         a_desc, b_desc, a_kmajor, b_kmajor = tma
         num_sms = _tma_sms(a.device)
         ptrs, strides = _epilogue_operands(y, z, c, bias)
-        split_tail = SPLIT_TAIL and K >= SPLIT_TAIL_MIN_K and runtime.cdiv(M, 128) * runtime.cdiv(N, 128) <= 4 * num_sms
+        split_tail = _split_tail_on(M, N, K, num_sms)
         # One program per SM; fewer when there are fewer tiles, except with a split tail, whose
         # pieces of a few tiles are spread over every SM (the kernel decides per config).
         grid = lambda meta: (num_sms if split_tail else  # noqa: E731
