@@ -397,6 +397,20 @@ def _without_tf32_ties(t: torch.Tensor) -> torch.Tensor:
 TMA_CONFIGS = gemm_kernels.TMA_CONFIGS_16BIT + gemm_kernels.TMA_CONFIGS_FP32
 
 
+def _tma_case(cfg, monkeypatch, M: int, N: int, K: int, seed: int):
+    """(fp32, x [M, K], W [N, K], bias [N], Linear+gelu attrs) in cfg's dtype, with only cfg left to run
+    (and the picks of earlier calls of this shape forgotten: in one process, another config's)."""
+    fp32 = cfg in gemm_kernels.TMA_CONFIGS_FP32
+    dtype = torch.float32 if fp32 else torch.bfloat16
+    for name, value in (("configs", [cfg]), ("best_config", None), ("cache", {}), ("_fast", {})):
+        monkeypatch.setattr(gemm_kernels.gemm_tma_kernel, name, value, raising=name != "best_config")
+    x, w = randn(M, K, dtype=dtype, seed=seed), randn(N, K, dtype=dtype, seed=seed + 1)
+    if fp32:  # for the tf32-rounding check: no operand exactly between two tf32 values
+        x, w = _without_tf32_ties(x), _without_tf32_ties(w)
+    attrs = dict(trans_a=False, trans_b=True, alpha=1.0, beta=0.0, bias_kind="per_n", act="gelu", act_alpha=0.01)
+    return fp32, x, w, randn(N, dtype=dtype, seed=seed + 2), attrs
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the TMA kernel runs on Hopper GPUs only")
 @pytest.mark.parametrize("index", range(len(TMA_CONFIGS)))
 def test_tma_every_config(index, monkeypatch):
@@ -407,18 +421,7 @@ def test_tma_every_config(index, monkeypatch):
     if gemm_kernels._tma_sms(torch.device("cuda")) == 0:
         pytest.skip("no TMA before Hopper")
     cfg = TMA_CONFIGS[index]
-    fp32 = cfg in gemm_kernels.TMA_CONFIGS_FP32
-    dtype = torch.float32 if fp32 else torch.bfloat16
-    monkeypatch.setattr(gemm_kernels.gemm_tma_kernel, "configs", [cfg])
-    monkeypatch.setattr(gemm_kernels.gemm_tma_kernel, "best_config", None, raising=False)
-    # and forget the configs that earlier calls of this shape chose (in one process, another index's)
-    monkeypatch.setattr(gemm_kernels.gemm_tma_kernel, "cache", {})
-    monkeypatch.setattr(gemm_kernels.gemm_tma_kernel, "_fast", {})
-    M, N, K = 3000, 1560, 776
-    x, w, bias = randn(M, K, dtype=dtype, seed=31), randn(N, K, dtype=dtype, seed=32), randn(N, dtype=dtype, seed=33)
-    if fp32:
-        x, w = _without_tf32_ties(x), _without_tf32_ties(w)
-    attrs = dict(trans_a=False, trans_b=True, alpha=1.0, beta=0.0, bias_kind="per_n", act="gelu", act_alpha=0.01)
+    fp32, x, w, bias, attrs = _tma_case(cfg, monkeypatch, 3000, 1560, 776, seed=31)
     old = ge2.set_matmul_precision("tf32")
     try:
         y, z = call("gemm", x, w, None, bias, save_z=True, **attrs)
@@ -449,10 +452,6 @@ def test_tma_split_tail(index, waves, monkeypatch):
     if sms == 0:
         pytest.skip("no TMA before Hopper")
     cfg = TMA_CONFIGS[index]
-    fp32 = cfg in gemm_kernels.TMA_CONFIGS_FP32
-    dtype = torch.float32 if fp32 else torch.bfloat16
-    for name, value in (("configs", [cfg]), ("best_config", None), ("cache", {}), ("_fast", {})):
-        monkeypatch.setattr(gemm_kernels.gemm_tma_kernel, name, value, raising=name != "best_config")
     bm, bn, bk = (cfg.kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
     tiles_m = 8
     if waves == "one wave and a tail":
@@ -466,10 +465,7 @@ def test_tma_split_tail(index, waves, monkeypatch):
     if not gemm_kernels._split_tail_on(M, N, K, sms):
         pytest.skip("a wave of tiles this large is more than the split tail considers")
     assert 0 < 2 * left <= sms and min(sms // left, k_tiles // 8) > 1, "the shape must take the split tail"
-    x, w, bias = randn(M, K, dtype=dtype, seed=41), randn(N, K, dtype=dtype, seed=42), randn(N, dtype=dtype, seed=43)
-    if fp32:
-        x, w = _without_tf32_ties(x), _without_tf32_ties(w)
-    attrs = dict(trans_a=False, trans_b=True, alpha=1.0, beta=0.0, bias_kind="per_n", act="gelu", act_alpha=0.01)
+    fp32, x, w, bias, attrs = _tma_case(cfg, monkeypatch, M, N, K, seed=41)
     old = ge2.set_matmul_precision("tf32")
     try:
         y, z = call("gemm", x, w, None, bias, save_z=True, **attrs)

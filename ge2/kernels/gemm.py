@@ -443,15 +443,8 @@ def gemm_tma_kernel(
         pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         m0 = pid_m * BLOCK_M
         n0 = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_tiles):
-            k0 = ki * BLOCK_K
-            a = a_desc.load([m0, k0]) if A_KMAJOR else a_desc.load([k0, m0]).T
-            b = b_desc.load([n0, k0]).T if B_KMAJOR else b_desc.load([k0, n0])
-            if ROUND_TF32:
-                a = _round_to_tf32(a)
-                b = _round_to_tf32(b)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        acc = _tma_tile_sum(a_desc, b_desc, m0, n0, 0, k_tiles, A_KMAJOR, B_KMAJOR, PRECISION, ROUND_TF32,
+                            BLOCK_M, BLOCK_N, BLOCK_K)
         offs_m = m0 + tl.arange(0, BLOCK_M)
         if EPI_SPLIT:  # two BLOCK_N/2 halves: half the epilogue's shared-memory buffer
             acc0, acc1 = acc.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
@@ -478,15 +471,9 @@ def gemm_tma_kernel(
             pid_m, pid_n = _tile_coords(whole + t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
             m0 = pid_m * BLOCK_M
             n0 = pid_n * BLOCK_N
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for ki in range((unit % splits) * chunk, tl.minimum(k_tiles, (unit % splits + 1) * chunk)):
-                k0 = ki * BLOCK_K
-                a = a_desc.load([m0, k0]) if A_KMAJOR else a_desc.load([k0, m0]).T
-                b = b_desc.load([n0, k0]).T if B_KMAJOR else b_desc.load([k0, n0])
-                if ROUND_TF32:
-                    a = _round_to_tf32(a)
-                    b = _round_to_tf32(b)
-                acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            acc = _tma_tile_sum(a_desc, b_desc, m0, n0, (unit % splits) * chunk,
+                                tl.minimum(k_tiles, (unit % splits + 1) * chunk), A_KMAJOR, B_KMAJOR, PRECISION,
+                                ROUND_TF32, BLOCK_M, BLOCK_N, BLOCK_K)
             tl.store(part_ptr + unit * (BLOCK_M * BLOCK_N) + part_tile, acc)
             tl.debug_barrier()  # every thread's partial is written before the tile's count moves
             if tl.atomic_add(arrivals_ptr + t, 1, sem="acq_rel") == splits - 1:
@@ -496,6 +483,23 @@ def gemm_tma_kernel(
                                      c_ptr, stride_cm, stride_cn, bias_ptr, stride_bias, y_ptr, z_ptr,
                                      stride_ym, stride_yn, alpha, beta, act_alpha,
                                      HAS_C, BIAS_KIND, ACT, SAVE_Z, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _tma_tile_sum(a_desc, b_desc, m0, n0, k_lo, k_hi, A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr,
+                  PRECISION: tl.constexpr, ROUND_TF32: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp32 [BLOCK_M, BLOCK_N] sum of the tile at (m0, n0) over K-steps [k_lo, k_hi), operands by TMA."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for ki in range(k_lo, k_hi):
+        k0 = ki * BLOCK_K
+        a = a_desc.load([m0, k0]) if A_KMAJOR else a_desc.load([k0, m0]).T
+        b = b_desc.load([n0, k0]).T if B_KMAJOR else b_desc.load([k0, n0])
+        if ROUND_TF32:
+            a = _round_to_tf32(a)
+            b = _round_to_tf32(b)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    return acc
 
 
 # A last wave filled to at most half is split along K when each piece keeps this many k-steps.
