@@ -140,7 +140,7 @@ def gemm_breakdown(step, model: str) -> None:
         launch(a_view, b_view, y, **kw)
         config = next((f"{t.fn.__name__}: {t.best_config}" for t in tuners if t.best_config is not None), "-")
         whole = None  # the same GEMM with the split tail off (gemm.SPLIT_TAIL), where it could split
-        if K >= G.SPLIT_TAIL_MIN_K and "c" not in kw:
+        if batch == 1 and G._split_tail_on(M, N, K, G._tma_sms(a.device)) and "c" not in kw:
             def whole(args=(a_view, b_view, y), kw=kw):
                 G.SPLIT_TAIL = False
                 try:

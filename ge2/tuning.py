@@ -7,10 +7,11 @@ defaults shipped inside the package (``ge2/tuned/``). A hit is used without benc
 tuned by Triton as usual and the winner, with its measured time, is written back (atomically).
 
 Keys: kernel (module.name), the kernel's autotune key values with integer sizes bucketed (codes
-named in ``exact_keys`` kept as they are), and the dtypes of its tensor arguments. Bucketing rounds a size up to the next value of the series
-1, 2, 3, 4, 6, 8, 12, 16, 24, ... (powers of two and 1.5x powers of two): the best tile shape
-changes with how many tiles fill the GPU, which moves on a geometric scale, so a config tuned for a
-size stays within ~1.5x of the shapes that reuse it while a model's shapes map to a few entries.
+named in ``exact_keys`` kept as they are), and the dtypes of its tensor arguments. Bucketing rounds
+a size up to the next value of the series 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (powers of two and
+1.5x powers of two): the best tile shape changes with how many tiles fill the GPU, which moves on
+a geometric scale, so a config tuned for a size stays within ~1.5x of the shapes that reuse it
+while a model's shapes map to a few entries.
 
 An entry records the Triton version and a hash of the kernel's whole config space; an entry from
 another Triton or another config space is ignored (re-tuned), never misapplied. A corrupt file is

@@ -464,7 +464,8 @@ def test_tma_split_tail(index, waves, monkeypatch):
     left, k_tiles = (tiles_m * tiles_n) % sms, -(-K // bk)
     if not gemm_kernels._split_tail_on(M, N, K, sms):
         pytest.skip("a wave of tiles this large is more than the split tail considers")
-    assert 0 < 2 * left <= sms and min(sms // left, k_tiles // 8) > 1, "the shape must take the split tail"
+    pieces = min(sms // left, k_tiles // gemm_kernels.SPLIT_TAIL_MIN_K_TILES.value)  # as gemm._tail_splits
+    assert 0 < 2 * left <= sms and pieces > 1, "the shape must take the split tail"
     fp32, x, w, bias, attrs = _tma_case(cfg, monkeypatch, M, N, K, seed=41)
     old = ge2.set_matmul_precision("tf32")
     try:

@@ -103,6 +103,7 @@ KMAJOR_COPY_MIN = 1 << 27
 # outputs of at most 1.5 waves of 128x128 tiles: with more, smaller whole tiles measured as fast
 # or faster (8192x768 over K = 2304: 48 us whole, 57 us with 128x256 tiles and a split tail).
 SPLIT_TAIL_MIN_K = 1024
+SPLIT_TAIL_MIN_K_TILES = tl.constexpr(8)  # a last wave filled to at most half splits into pieces of >= 8 k-steps
 SPLIT_TAIL = True  # off: every tile whole (benchmarks compare the two)
 
 
@@ -428,7 +429,7 @@ def gemm_tma_kernel(
     """The same Y = act(alpha * A @ B + beta * C + bias) as gemm_epilogue_kernel; grid = (SMs,).
 
     ROUND_TF32 rounds the operands in registers: only where the descriptors cannot (``_tma_rounding``).
-    SPLIT_TAIL: the tiles of a last, mostly idle wave are split along K (``_split_tail``); part_ptr
+    SPLIT_TAIL: the tiles of a last, mostly idle wave are split along K (``_tail_splits``); part_ptr
     (fp32, NUM_SMS tiles) and arrivals_ptr (int32 [NUM_SMS], zero) are its scratch.
     """
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
@@ -500,10 +501,6 @@ def _tma_tile_sum(a_desc, b_desc, m0, n0, k_lo, k_hi, A_KMAJOR: tl.constexpr, B_
             b = _round_to_tf32(b)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
     return acc
-
-
-# A last wave filled to at most half is split along K when each piece keeps this many k-steps.
-SPLIT_TAIL_MIN_K_TILES = tl.constexpr(8)
 
 
 @triton.jit
