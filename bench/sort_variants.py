@@ -11,6 +11,7 @@ in the same process, as "before": its sort and topk at its own defaults.
 
     PYTHONPATH=. python3 bench/sort_variants.py [--baseline build/sort_before.py] [--profile]
     PYTHONPATH=. python3 bench/sort_variants.py --radix
+    PYTHONPATH=. python3 bench/sort_variants.py --small-k
 """
 from __future__ import annotations
 
@@ -41,6 +42,10 @@ SELECT_VARIANTS = ((2048, True, 4096, 8), (2048, True, 4096, 4), (4096, True, 20
 # (RADIX_BITS, RADIX_TILE, RADIX_WARPS, RADIX_SUB): ptxas (CPU) gives the scatter 48-80 registers a thread
 RADIX_VARIANTS = ((5, 1024, 8, 1024), (5, 1024, 8, 256), (5, 2048, 8, 2048), (4, 1024, 8, 1024), (6, 2048, 8, 2048),
                   (8, 2048, 8, 2048), (8, 4096, 8, 4096))
+SMALL_K = (1, 8, 50, 100)
+# (BEST_TILE, BEST_WARPS, BEST_CHUNK)
+BEST_VARIANTS = ((1024, 4, 8192), (2048, 4, 8192), (2048, 8, 8192), (4096, 8, 8192), (4096, 4, 8192),
+                 (8192, 8, 8192), (8192, 16, 8192), (4096, 8, 2048))
 RADIX_SHAPES = ((256, 32768), (64, 131072), (4096, 2048), (2048, 4096))
 
 
@@ -72,7 +77,12 @@ def main() -> None:
     ap.add_argument("--registers", action="store_true",
                     help="registers/spills of the select kernels compiled for sm_90a by ptxas (runs on a CPU)")
     ap.add_argument("--radix", action="store_true", help="only the sort: radix settings against the merges")
+    ap.add_argument("--small-k", action="store_true", help="only topk of k < SELECT_MIN_K: best-of-tiles settings "
+                    "against the capped merges, and both paths' kernel times")
     args = ap.parse_args()
+    if args.small_k:
+        _small_k()
+        return
     if args.registers:
         _registers()
         return
@@ -150,6 +160,44 @@ def _radix() -> None:
     print("--- radix sort (defaults), 64x131072, 10 calls (us per call = total / 10)")
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=10, max_name_column_width=40),
           flush=True)
+
+
+def _small_k() -> None:
+    """topk of small k: the best-of-tiles path's settings against the capped merges (BEST_OF_TILES off)."""
+    settings = ("BEST_OF_TILES", "BEST_TILE", "BEST_WARPS", "BEST_CHUNK")
+    defaults = {name: getattr(SO, name) for name in settings}
+    for m, n in SHAPES:
+        x = torch.randn(m, n, device="cuda")
+        for k in SMALL_K:
+            t_ref = torch.topk(x, k)
+            t_torch = _time(lambda: torch.topk(x, k))
+
+            def topk_ok():
+                values, indices = SO.topk(x, k)
+                return torch.equal(values, t_ref.values) and torch.equal(torch.gather(x, 1, indices), values)
+
+            SO.BEST_OF_TILES = False
+            _line(f"topk {m}x{n} k={k} capped merges", lambda: SO.topk(x, k), t_torch, topk_ok)
+            SO.BEST_OF_TILES = True
+            for tile, warps, chunk in BEST_VARIANTS:
+                SO.BEST_TILE, SO.BEST_WARPS, SO.BEST_CHUNK = tile, warps, chunk
+                _line(f"topk {m}x{n} k={k} best of tiles {tile} warps {warps} chunk {chunk}", lambda: SO.topk(x, k),
+                      t_torch, topk_ok)
+            for name in settings:
+                setattr(SO, name, defaults[name])
+    x = torch.randn(256, 32768, device="cuda")
+    for on in (False, True):
+        SO.BEST_OF_TILES = on
+        SO.topk(x, 50)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(20):
+                SO.topk(x, 50)
+            torch.cuda.synchronize()
+        print(f"--- topk k=50, 256x32768, best of tiles {on}, 20 calls (us per call = total / 20)")
+        print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=10, max_name_column_width=40),
+              flush=True)
+    SO.BEST_OF_TILES = defaults["BEST_OF_TILES"]
 
 
 def _profile() -> None:

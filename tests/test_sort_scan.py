@@ -165,6 +165,7 @@ def test_sort_packed_merges(monkeypatch, kind):
     monkeypatch.setattr(SO, "MERGE_BLOCK", 8)
     monkeypatch.setattr(SO, "MERGE_SEQ", 2)
     monkeypatch.setattr(SO, "MERGE", kind)
+    monkeypatch.setattr(SO, "BEST_OF_TILES", False)  # small k takes the capped merges too
     x = (3 * sample(2, 45, seed=24)).round()  # ties on purpose: stability across merges
     x[0, 30] = x[1, 3] = math.nan
     check_sort(x, 1)
@@ -189,6 +190,25 @@ def test_sort_radix(monkeypatch):
     x[0, 0], x[1, 5] = math.inf, -math.inf
     check_sort(x.T, 0, descending=True)  # rows read through strides
     check_sort((5 * sample(2, 21, seed=31)).round().to(torch.int32), 1)
+
+
+def test_topk_best_of_tiles(monkeypatch):
+    """Small k on the GPU's path: each tile's best k on 32-bit keys (the k-th key's ties by lowest index),
+    unsorted, then rounds of chunks of candidates (three rounds for k = 5 here) down to one sorted run."""
+    monkeypatch.setattr(SO, "PACKED_SORT", True)
+    monkeypatch.setattr(SO, "TILE", 8)
+    monkeypatch.setattr(SO, "BEST_TILE", 16)
+    monkeypatch.setattr(SO, "BEST_CHUNK", 8)
+    x = (2 * sample(3, 70, seed=32)).round()  # ties at the k-th place inside tiles
+    x[1, 5] = x[1, 60] = x[2, 69] = math.nan
+    x[0, 3], x[0, 9] = -0.0, 0.0
+    for k, largest in ((1, True), (5, False), (9, True), (20, False)):
+        check_topk(x, k, largest=largest)
+    check_topk((5 * sample(2, 45, seed=33)).round().to(torch.int32).T, 7, dim=0, largest=False)  # strided rows
+    check_topk(sample(2, 37, seed=34).to(torch.bfloat16), 4)
+    values, indices = call("kthvalue", x, k=4, dim=1)
+    ref = torch.kthvalue(x, 4, dim=1)
+    assert same(values, ref.values) and same(torch.gather(x, 1, indices[:, None])[:, 0], values)
 
 
 @pytest.mark.parametrize("programs, atomic", [(512, True), (1, False)])

@@ -104,6 +104,15 @@ RADIX_TILE = 1024
 RADIX_WARPS = 8
 RADIX_SUB = 1024  # keys a step of the scatter (one tl.sort of digit | position each)
 RADIX_CHUNK = 64  # tiles a step of the offsets' loop over a row
+# Small k (cap < SELECT_MIN_K) out of rows of 32-bit keys longer than a tile: each tile of
+# BEST_TILE elements keeps its best cap, found on 32-bit keys (tl.topk of the keys alone, then the
+# cap-th key's ties resolved by index), written unsorted; then rounds of tl.topk over chunks of
+# BEST_CHUNK packed candidates until one chunk a row is left, whose topk is the sorted answer
+# (in place of the int64 tile topk and log2(N / TILE) capped merges).
+BEST_OF_TILES = True
+BEST_TILE = 4096
+BEST_WARPS = 8
+BEST_CHUNK = 8192
 # tl.sort for 32-bit keys. The interpreter runs its compare-and-swap network element by element
 # (seconds per tile), so there every tile is ranked instead; tests switch it on for one case.
 PACKED_SORT = not INTERPRETER
@@ -323,6 +332,8 @@ def sorted_rows(x2: torch.Tensor, descending: bool, cap: int | None = None) -> t
     packed = x2.dtype not in _WIDE_KEYS and PACKED_SORT
     if packed and TILE < N <= SELECT_MAX_N and SELECT_MIN_K <= cap <= min(SELECT_MAX_K, N - 1):
         return select_rows(x2, descending, cap)
+    if packed and BEST_OF_TILES and TILE < N and cap < SELECT_MIN_K:
+        return best_rows(x2, descending, cap)
     tile = min(TILE if packed else RANK_TILE, triton.next_power_of_2(N))
     kept = min(tile, cap)
     L = _run_lengths(N, tile, kept)
@@ -362,6 +373,69 @@ def sorted_rows(x2: torch.Tensor, descending: bool, cap: int | None = None) -> t
                                                PACKED=packed, BLOCK=BLOCK, num_warps=4)
         keys, index, L, run = keys2, index2, L_out, run_out
     return keys if packed else index
+
+
+# ---------------------------------------------------------------------------------------------
+# Small k: the best of each tile, then of chunks of candidates
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _tile_best_kernel(x_ptr, out_ptr, N, L, stride_xm, stride_xn, DESCENDING: tl.constexpr, TILE: tl.constexpr,
+                      CAP: tl.constexpr, BEST: tl.constexpr):
+    """Tile t of row m -> its min(CAP, live) smallest (key, index) as packed key << 32 | index at
+    out[m, t * CAP:], in index order (not sorted). BEST: a power of two >= CAP, >= 2.
+
+    The keys fit 32 bits, so tl.topk runs on them alone (half the registers and shuffles of packed
+    int64s); the CAP-th smallest key k_c then picks the keys below it and, of those equal to it,
+    the lowest indices (the packed order's tie rule)."""
+    row = tl.program_id(0).to(tl.int64)
+    tile = tl.program_id(1)
+    cols = tile * TILE + tl.arange(0, TILE)
+    live = cols < N
+    x = tl.load(x_ptr + row * stride_xm + cols.to(tl.int64) * stride_xn, mask=live, other=0)
+    key = order_key(x, DESCENDING).to(tl.int32)
+    key = tl.where(live, key, 2**31 - 1)  # padding: never below k_c, and dropped by `live` when equal
+    best = ~tl.topk(~key, BEST)  # the BEST smallest keys, ascending
+    k_c = tl.max(tl.where(tl.arange(0, BEST) == CAP - 1, best, -2**31), 0)
+    below = live & (key < k_c)
+    tied = live & (key == k_c)
+    keep = below | (tied & (tl.cumsum(tied.to(tl.int32), 0) <= CAP - tl.sum(below.to(tl.int32), 0)))
+    slot = tl.cumsum(keep.to(tl.int32), 0) - 1
+    packed = (key.to(tl.int64) << 32) | cols.to(tl.int64)
+    tl.store(out_ptr + row * L + tile * CAP + slot, packed, mask=keep)
+
+
+@triton.jit
+def _chunk_best_kernel(key_in, key_out, L_in, L_out, CHUNK: tl.constexpr, CAP: tl.constexpr, BEST: tl.constexpr):
+    """Chunk c of row m's packed candidates -> its min(CAP, live) smallest, ascending, at key_out[m, c * CAP:]."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    j = chunk * CHUNK + tl.arange(0, CHUNK)
+    packed = tl.load(key_in + row * L_in + j, mask=j < L_in, other=_INT64_MAX)
+    best = ~tl.topk(~packed, BEST)
+    slots = tl.arange(0, BEST)
+    tl.store(key_out + row * L_out + chunk * CAP + slots, best, mask=(slots < CAP) & (chunk * CAP + slots < L_out))
+
+
+def best_rows(x2: torch.Tensor, descending: bool, cap: int) -> torch.Tensor:
+    """x2 [M, N] (32-bit keys or narrower) -> packed key << 32 | index [M, min(N, cap)]: each row's first cap
+    in sort order (ties: lowest index first), for small cap."""
+    M, N = x2.shape
+    cap = min(cap, N)
+    best = max(2, triton.next_power_of_2(cap))
+    tile = max(best, min(BEST_TILE, triton.next_power_of_2(N)))
+    L = _run_lengths(N, tile, cap)
+    keys = torch.empty((M, L), dtype=torch.int64, device=x2.device)
+    _tile_best_kernel[(M, cdiv(N, tile))](x2, keys, N, L, x2.stride(0), x2.stride(1), DESCENDING=bool(descending),
+                                          TILE=tile, CAP=cap, BEST=best, num_warps=BEST_WARPS)
+    while True:  # at least one round: the tiles' picks are unsorted
+        chunk = max(2 * best, min(BEST_CHUNK, triton.next_power_of_2(L)))  # halves L at least: it ends
+        L_out = _run_lengths(L, chunk, cap)
+        out = torch.empty((M, L_out), dtype=torch.int64, device=x2.device)
+        _chunk_best_kernel[(M, cdiv(L, chunk))](keys, out, L, L_out, CHUNK=chunk, CAP=cap, BEST=best,
+                                                num_warps=8 if chunk >= 4096 else 4)
+        keys, L = out, L_out
+        if L == cap:
+            return keys
 
 
 # ---------------------------------------------------------------------------------------------
