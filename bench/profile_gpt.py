@@ -102,6 +102,20 @@ def _gemm_signature(a_view, b_view, y, kw) -> tuple:
     return (M, N, K, batch, sak == 1, sbk == 1, str(a.dtype).split(".")[1], str(y.dtype).split(".")[1], epilogue)
 
 
+def _switched(module, name: str, value, launch, a_view, b_view, y, kw):
+    """A call of ``launch`` with ``module.name`` set to ``value`` meanwhile; run once here (tuned
+    outside any graph capture)."""
+    def run():
+        old = getattr(module, name)
+        setattr(module, name, value)
+        try:
+            return launch(a_view, b_view, y, **kw)
+        finally:
+            setattr(module, name, old)
+    run()
+    return run
+
+
 def gemm_breakdown(step, model: str) -> None:
     """Each distinct GEMM launch of one ge2 step timed alone against cuBLAS's mm of the same operands."""
     from bench.harness import Bench
@@ -133,23 +147,20 @@ def gemm_breakdown(step, model: str) -> None:
         if batch == 1 and not kw.get("reduce_batch"):
             lhs, rhs = torch.as_strided(a, (M, K), (sam, sak)), torch.as_strided(b, (K, N), (sbk, sbn))
             mm = lambda lhs=lhs, rhs=rhs: torch.mm(lhs, rhs)  # noqa: E731
-        tuners = (G.gemm_tma_kernel, G.gemm_epilogue_kernel)
+        tuners = (G._gemm_ws().gemm_ws_kernel, G.gemm_tma_kernel, G.gemm_epilogue_kernel)
         for tuner in tuners:  # off the repeated-call path, so that best_config names this call's pick
             tuner._fast.clear()
             tuner.best_config = None
         launch(a_view, b_view, y, **kw)
         config = next((f"{t.fn.__name__}: {t.best_config}" for t in tuners if t.best_config is not None), "-")
-        whole = None  # the same GEMM with the split tail off (gemm.SPLIT_TAIL), where it could split
+        whole = triton_only = None
         if batch == 1 and G._split_tail_on(M, N, K, G._tma_sms(a.device)) and "c" not in kw:
-            def whole(args=(a_view, b_view, y), kw=kw):
-                G.SPLIT_TAIL = False
-                try:
-                    return launch(*args, **kw)
-                finally:
-                    G.SPLIT_TAIL = True
-            whole()  # tuned outside the graph capture
+            whole = _switched(G, "SPLIT_TAIL", False, launch, a_view, b_view, y, kw)  # split tail off
+        if config.startswith("gemm_ws_kernel"):
+            triton_only = _switched(G._gemm_ws(), "USE_WS", False, launch, a_view, b_view, y, kw)  # Gluon off
         row = bench.add(labels, flops=2.0 * M * N * K * batch,
-                        ge2=lambda args=(a_view, b_view, y), kw=kw: launch(*args, **kw), mm=mm, ge2_whole=whole)
+                        ge2=lambda args=(a_view, b_view, y), kw=kw: launch(*args, **kw), mm=mm, ge2_whole=whole,
+                        ge2_triton=triton_only)
         row["config"] = config
         if row.get("mm_ms"):
             row["lost_ms_per_step"] = count * (row["ge2_ms"] - row["mm_ms"])

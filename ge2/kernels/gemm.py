@@ -570,6 +570,29 @@ def _split_k(M: int, N: int, K: int, batch: int, device: torch.device) -> tuple[
     return runtime.cdiv(K, chunk), chunk
 
 
+def _tma_operands(a_view, b_view):
+    """((A, shape, strides, a_kmajor), (B, ...)) as TMA can read them, or None where it cannot.
+
+    K-major: [rows, K] with unit stride along K; MN-major: [K, rows] with unit stride along rows.
+    """
+    a, (sab, sam, sak), batch, M, K = a_view
+    b, (sbb, sbk, sbn), _, _, N = b_view
+    if batch != 1 or a.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return None
+    size = a.element_size()
+    operands = []
+    for t, rows, s_row, s_col in ((a, M, sam, sak), (b, N, sbn, sbk)):
+        if t.data_ptr() % 16:  # checked first: TensorDescriptor asserts on a misaligned base
+            return None
+        if s_col == 1 and (s_row * size) % 16 == 0 and (K * size) % 16 == 0:
+            operands.append((t, [rows, K], [s_row, 1], True))
+        elif s_row == 1 and (s_col * size) % 16 == 0 and (rows * size) % 16 == 0:
+            operands.append((t, [K, rows], [s_col, 1], False))
+        else:
+            return None
+    return tuple(operands)
+
+
 def _tma_descriptors(a_view, b_view, round_tf32: bool = False):
     """(a_desc, b_desc, a_kmajor, b_kmajor) when the TMA kernel can take these operands, else None.
 
@@ -580,24 +603,18 @@ def _tma_descriptors(a_view, b_view, round_tf32: bool = False):
     rounding = _tma_rounding() if round_tf32 else None
     if rounding is not None:
         TensorDescriptor = functools.partial(rounding, round_f32_to_tf32=True)  # noqa: N806
-    a, (sab, sam, sak), batch, M, K = a_view
-    b, (sbb, sbk, sbn), _, _, N = b_view
-    if batch != 1 or a.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    operands = _tma_operands(a_view, b_view)
+    if operands is None:
         return None
-    size = a.element_size()
-    descs = []
-    for t, rows, cols, s_row, s_col, k_last in ((a, M, K, sam, sak, True), (b, N, K, sbn, sbk, True)):
-        if t.data_ptr() % 16:  # checked first: TensorDescriptor asserts on a misaligned base
-            return None
-        # K-major: [rows, K] with unit stride along K; else [K, rows] with unit stride along rows.
-        if s_col == 1 and (s_row * size) % 16 == 0 and (K * size) % 16 == 0:
-            descs.append((TensorDescriptor(t, [rows, K], [s_row, 1], [16, 16]), True))
-        elif s_row == 1 and (s_col * size) % 16 == 0 and (rows * size) % 16 == 0:
-            descs.append((TensorDescriptor(t, [K, rows], [s_col, 1], [16, 16]), False))
-        else:
-            return None
-    (a_desc, a_kmajor), (b_desc, b_kmajor) = descs
-    return a_desc, b_desc, a_kmajor, b_kmajor
+    (a, a_shape, a_strides, a_kmajor), (b, b_shape, b_strides, b_kmajor) = operands
+    return (TensorDescriptor(a, a_shape, a_strides, [16, 16]), TensorDescriptor(b, b_shape, b_strides, [16, 16]),
+            a_kmajor, b_kmajor)
+
+
+def _gemm_ws():
+    """The Gluon kernel's module, imported on first use (it imports this module's tile order)."""
+    from ge2.kernels import gemm_ws
+    return gemm_ws
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -667,6 +684,9 @@ def _launch(a_view, b_view, y, *, z=None, c=None, bias=None, bias_kind=0, act=0,
     fma = a.dtype == torch.float32 and precision == "ieee"  # CUDA-core tiles: TMA buys nothing there
     tma = (_tma_descriptors(a_view, b_view, round_tf32) if USE_TMA and not reduce_batch and not fma
            and not runtime.is_interpreter() and M * N * K >= SMALL_PROBLEM and _tma_sms(a.device) else None)
+    if tma is not None and c is None and _gemm_ws().launch(a_view, b_view, y, z=z, bias=bias, bias_kind=bias_kind,
+                                                        act=act, act_alpha=act_alpha, alpha=alpha):
+        return
     if tma is not None:
         a_desc, b_desc, a_kmajor, b_kmajor = tma
         num_sms = _tma_sms(a.device)
