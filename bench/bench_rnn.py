@@ -30,6 +30,8 @@ PREDICTION = ("forward (session 18): the dot as h_prev [64, K] x W_hh^T, a wgmma
 
 
 BASELINE = None  # --baseline: an earlier kernels/rnn.py, its rnn_forward timed beside this one's
+FORMS = True  # --no-forms: time only the two persistent dots beside the default path
+STEP_CONFIGS: list[tuple[int, ...]] = []  # --step-configs: fused stepwise forward configs timed beside the default
 
 
 def _modules(cls: str, hidden: int, dtype: torch.dtype, device):
@@ -67,21 +69,36 @@ def _graph_and_parts(name, g_fn, t_fn, mod, x, mode, dtype) -> dict:
     out["rec_fwd_ms"] = time_ms(rec_fwd, 10, 50, cuda_graph=True)
     prec = "ieee" if dtype != torch.float32 else ge2.get_matmul_precision()
     fwd_key = ("fwd", H, mode, dtype, B, prec)
-    # "64m": the batch-rows-as-M dot (kernels.rnn.FWD_BATCH_M); a plain number: BLOCK_B of W_hh x h_prev^T
-    fwd_bb = f"{K._BLOCK_B[fwd_key + ('batch_m',)]}m" if K._BLOCK_B.get(fwd_key + ("batch_m",)) else \
-        str(K._BLOCK_B.get(fwd_key, "-"))
-    # each form of the persistent forward's dot, and --baseline's kernels, in this process: the launchers are
-    # called directly (backend.call would replay its recorded plan, whatever kernels.rnn's switches say now)
-    variants = [("batch_m", K, dict(FWD_BATCH_M=True, FWD_BATCH_M_MIN_K=0)), ("units_m", K, dict(FWD_BATCH_M=False))]
+    # "64m": the batch-rows-as-M dot (kernels.rnn.FWD_BATCH_M); "32e" / "64l": BLOCK_B of W_hh x h_prev^T with the
+    # step's loads early / late (kernels.rnn.FWD_EARLY_LOADS); 0: neither fitted, the stepwise forward ran
+    plan = K.persistent_plan(H, mode, dtype, x.device, backward=False)
+    if plan is None or K._BLOCK_B.get(fwd_key) == 0:
+        fwd_bb = "0"
+    elif K.FWD_BATCH_M and plan[2] >= K.FWD_BATCH_M_MIN_K and K._BLOCK_B.get(fwd_key + ("batch_m",)):
+        fwd_bb = f"{K._BLOCK_B[fwd_key + ('batch_m',)]}m"
+    else:
+        early = B > K._block_b(B, plan[2]) if K.FWD_EARLY_LOADS == "auto" else bool(K.FWD_EARLY_LOADS)
+        fwd_bb = f"{K._BLOCK_B.get(fwd_key + (early,), '-')}{'e' if early else 'l'}"
+    # each form of the forward (the persistent dot's two orientations, its loads early / late, the stepwise forward
+    # fused or as GEMM + cell, --step-configs), and --baseline's kernels, in this process: the launchers are called
+    # directly (backend.call would replay its recorded plan, whatever kernels.rnn's switches say now)
+    variants = [("batch_m", K, dict(FWD_BATCH_M=True, FWD_BATCH_M_MIN_K=0), None)]
+    if FORMS:
+        variants += [("early_loads", K, dict(FWD_BATCH_M=False, FWD_EARLY_LOADS=True), None),
+                     ("late_loads", K, dict(FWD_BATCH_M=False, FWD_EARLY_LOADS=False), None),
+                     ("step_fused", K, {}, "stepwise"), ("step_gemm", K, dict(FWD_STEP_FUSED=False), "stepwise")]
+    else:
+        variants.append(("units_m", K, dict(FWD_BATCH_M=False), None))
+    variants += [("step_" + "_".join(map(str, cfg)), K, dict(FWD_STEP_CONFIG=cfg), "stepwise") for cfg in STEP_CONFIGS]
     if BASELINE is not None:
-        variants.append(("baseline", BASELINE, {}))
-    for tag, mod_, switches in variants:
+        variants.append(("baseline", BASELINE, {}, None))
+    for tag, mod_, switches, path in variants:
         old = {k: getattr(mod_, k) for k in switches}
         for k, v in switches.items():
             setattr(mod_, k, v)
         try:
             out[f"rec_fwd_{tag}_ms"] = time_ms(lambda: mod_.rnn_forward(gx, w, None, h0, c0, None, mode=mode,
-                                                                       reverse=False, save=save), 10, 50,
+                                                                       reverse=False, save=save, path=path), 10, 50,
                                                cuda_graph=True)
         except Exception as e:  # noqa: BLE001 (recorded, not fatal)
             out[f"rec_fwd_{tag}_ms"] = f"{type(e).__name__}: {e}"[:120]
@@ -108,7 +125,14 @@ def main() -> None:
                     help="the backward path when a layer does not force one (default: kernels.rnn.BACKWARD_PATH)")
     ap.add_argument("--baseline", default=None, help="an earlier ge2/kernels/rnn.py (e.g. from git show): its "
                     "recurrence forward is timed beside this one's (rec_fwd_baseline_ms)")
+    ap.add_argument("--no-forms", action="store_true", help="time only the persistent dot's two orientations beside "
+                    "the default path (not the load orders nor the stepwise forms)")
+    ap.add_argument("--step-configs", default="", help="';'-separated BLOCK_H,BLOCK_B,BLOCK_K,warps,stages of the "
+                    "fused stepwise forward, each timed (rec_fwd_step_<config>_ms)")
     args = ap.parse_args()
+    global FORMS, STEP_CONFIGS
+    FORMS = not args.no_forms
+    STEP_CONFIGS = [tuple(int(v) for v in c.split(",")) for c in args.step_configs.split(";") if c]
     if args.baseline:
         import importlib.util
         global BASELINE

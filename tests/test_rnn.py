@@ -248,11 +248,13 @@ def test_wide_lstm_large(hidden):
     _check("LSTM", kw, randn(33, 20, 64, dtype=torch.float64, seed=14), _hx("LSTM", kw, 33))
 
 
-@pytest.mark.parametrize("batch_m", [True, False])
+@pytest.mark.parametrize("batch_m,early", [(True, "auto"), (False, True), (False, False)])
 @pytest.mark.parametrize("cls", ["LSTM", "GRU"])
-def test_persistent_forward_dot_orientations(cls, batch_m, monkeypatch):
-    """Both forms of the persistent forward's dot (h_prev x W_hh^T with batch rows as M, and W_hh x h_prev^T)."""
+def test_persistent_forward_dot_orientations(cls, batch_m, early, monkeypatch):
+    """Both forms of the persistent forward's dot (h_prev x W_hh^T with batch rows as M, and W_hh x h_prev^T),
+    the second with the step's loads before the h exchange and after the dot."""
     monkeypatch.setattr(K, "FWD_BATCH_M", batch_m)
+    monkeypatch.setattr(K, "FWD_EARLY_LOADS", early)
     monkeypatch.setattr(K, "FWD_BATCH_M_MIN_K", 0)  # the batch-rows-as-M form at any width
     kw = dict(input_size=3, hidden_size=7)
     _check(cls, kw, randn(5, 3, 3, dtype=torch.float64, noncontig=True, seed=21), _hx(cls, kw, 3), path="persistent")
@@ -269,3 +271,16 @@ def test_persistent_forward_row_rounds_large(batch_m, monkeypatch):
     lengths[0] = 9
     _check("LSTM", kw, randn(9, 70, 24, dtype=torch.float64, seed=22), _hx("LSTM", kw, 70),
            lengths=torch.tensor(lengths), packed=True, path="persistent")
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("cls", ["LSTM", "GRU", "RNN"])
+def test_stepwise_forward_forms(cls, fused, monkeypatch):
+    """The stepwise forward as one fused dot + cell launch a step over a grid of several unit and row blocks
+    and K chunks (16 units, 16 rows, 16-wide chunks of hidden 20), and as a GEMM + cell launch a step."""
+    monkeypatch.setattr(K, "FWD_STEP_FUSED", fused)
+    monkeypatch.setattr(K, "FWD_STEP_CONFIG", (16, 16, 16, 4, 1))
+    kw = dict(input_size=3, hidden_size=20)
+    lengths = torch.tensor([4, 1, 3, 4, 2, 4, 4, 1, 3, 2, 4, 4, 1, 2, 3, 4, 4, 2])
+    _check(cls, kw, randn(4, 18, 3, dtype=torch.float64, noncontig=True, seed=23), _hx(cls, kw, 18),
+           lengths=lengths, packed=True, path="stepwise")

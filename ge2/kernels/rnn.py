@@ -279,12 +279,15 @@ def rnn_fwd_persistent_kernel(gx_ptr, w_ptr, bhh_ptr, hbuf_ptr, cbuf_ptr, len_pt
                               MODE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_LEN: tl.constexpr,
                               REVERSE: tl.constexpr, SAVE: tl.constexpr, BLOCK_H: tl.constexpr,
                               BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-                              BATCH_M: tl.constexpr):
+                              BATCH_M: tl.constexpr, EARLY_LOADS: tl.constexpr):
     """All T steps; program p keeps rows (gate g, unit p BH + i) of W_hh on chip as one [NGP BH, K] tile.
 
     BATCH_M: the dot is h_prev [BB, K] x W_hh^T [K, NGP BH] (batch rows as M: at BB = 64 a Hopper wgmma
     reading W^T straight from shared memory) instead of W_hh [NGP BH, K] x h_prev^T (M = NGP BH < 64: an
-    mma.sync whose W fragments every warp re-loads from shared memory each round)."""
+    mma.sync whose W fragments every warp re-loads from shared memory each round).
+    EARLY_LOADS: the step's gx / own h_prev / c_prev loads are issued before the h exchange instead of after
+    the dot. The compiler converts each of them to the dot's layout right where it is loaded (through shared
+    memory, waiting on that load), so issued early they are six serial L2 round trips ahead of the exchange."""
     NG: tl.constexpr = 4 if MODE == 2 else (3 if MODE == 3 else 1)
     NGP: tl.constexpr = 4 if NG > 1 else 1
     pid = tl.program_id(0)
@@ -304,8 +307,9 @@ def rnn_fwd_persistent_kernel(gx_ptr, w_ptr, bhh_ptr, hbuf_ptr, cbuf_ptr, len_pt
     for s in range(T):
         for b0 in range(0, B, BLOCK_B):
             b = b0 + tl.arange(0, BLOCK_B)[None, :]
-            active, tt, x0, x1, x2, x3, h_prev, c_prev = _fwd_loads(s, u, b, T, B, H, gx_ptr, hbuf_ptr, cbuf_ptr,
-                                                                    len_ptr, MODE, HAS_LEN, REVERSE)
+            if EARLY_LOADS:
+                active, tt, x0, x1, x2, x3, h_prev, c_prev = _fwd_loads(s, u, b, T, B, H, gx_ptr, hbuf_ptr, cbuf_ptr,
+                                                                        len_ptr, MODE, HAS_LEN, REVERSE)
             # all of h_prev; .cg reads L2, where the other SMs' stores of the last step are
             hb = hbuf_ptr + (s % 2) * B * H
             if BATCH_M:
@@ -317,6 +321,9 @@ def rnn_fwd_persistent_kernel(gx_ptr, w_ptr, bhh_ptr, hbuf_ptr, cbuf_ptr, len_pt
                 h_t = tl.load(hb + b * H + k[:, None], mask=(b < B) & (k[:, None] < H), other=0.0,
                               cache_modifier=".cg")
                 acc = tl.dot(w, h_t.to(w.dtype), input_precision=PRECISION)
+            if not EARLY_LOADS:
+                active, tt, x0, x1, x2, x3, h_prev, c_prev = _fwd_loads(s, u, b, T, B, H, gx_ptr, hbuf_ptr, cbuf_ptr,
+                                                                        len_ptr, MODE, HAS_LEN, REVERSE)
             if NGP == 1:
                 a0 = acc + c0
                 a1 = a0
@@ -407,6 +414,54 @@ def rnn_fwd_step_kernel(s, rec_ptr, gx_ptr, bhh_ptr, hbuf_ptr, cbuf_ptr, len_ptr
 
 
 @triton.jit
+def rnn_fwd_step_dot_kernel(s, gx_ptr, w_ptr, bhh_ptr, hbuf_ptr, cbuf_ptr, len_ptr, y_ptr, hn_ptr, cn_ptr,
+                            hp_ptr, cp_ptr, sv_ptr, T, B, H,
+                            MODE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_LEN: tl.constexpr,
+                            REVERSE: tl.constexpr, SAVE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr,
+                            BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """Step s in one launch: program (j, q) computes h_prev[rows q] @ W_hh[units j, every gate]^T over K chunks
+    (batch rows as M, one accumulator per gate) and runs the cell on its [BB, BH] block in the epilogue.
+
+    Where W_hh does not fit on chip it is read from L2 every step; many small programs (BH units each) spread
+    those reads over all SMs, where one [B, NG H] GEMM of 64-128 wide tiles would keep most of them idle."""
+    NG: tl.constexpr = 4 if MODE == 2 else (3 if MODE == 3 else 1)
+    u = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)[None, :]
+    b = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)[:, None]
+    hb = hbuf_ptr + (s % 2) * B * H
+    acc0 = tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        h_t = tl.load(hb + b * H + k[None, :], mask=(b < B) & (k[None, :] < H), other=0.0)
+        h_t = h_t.to(w_ptr.dtype.element_ty)
+        # W_hh^T's [BK, BH] chunk of gate g: element (k, u) is W_hh[g H + u, k], k contiguous (K-major)
+        wp = w_ptr + u * H + k[:, None]
+        wm = (u < H) & (k[:, None] < H)
+        acc0 = tl.dot(h_t, tl.load(wp, mask=wm, other=0.0), acc0, input_precision=PRECISION)
+        if NG > 1:
+            acc1 = tl.dot(h_t, tl.load(wp + H * H, mask=wm, other=0.0), acc1, input_precision=PRECISION)
+            acc2 = tl.dot(h_t, tl.load(wp + 2 * H * H, mask=wm, other=0.0), acc2, input_precision=PRECISION)
+        if NG == 4:
+            acc3 = tl.dot(h_t, tl.load(wp + 3 * H * H, mask=wm, other=0.0), acc3, input_precision=PRECISION)
+    c0, c1, c2, c3 = _fwd_bias(bhh_ptr, u, H, MODE, HAS_BIAS)
+    active, tt, x0, x1, x2, x3, h_prev, c_prev = _fwd_loads(s, u, b, T, B, H, gx_ptr, hbuf_ptr, cbuf_ptr, len_ptr,
+                                                            MODE, HAS_LEN, REVERSE)
+    a0 = acc0 + c0
+    a1 = a0
+    a2 = a0
+    a3 = a0
+    if NG > 1:
+        a1 = acc1 + c1
+        a2 = acc2 + c2
+    if NG == 4:
+        a3 = acc3 + c3
+    _fwd_cell(s, a0, a1, a2, a3, x0, x1, x2, x3, h_prev, c_prev, active, tt, u, b, T, B, H, hbuf_ptr, cbuf_ptr,
+              y_ptr, hn_ptr, cn_ptr, hp_ptr, cp_ptr, sv_ptr, MODE, SAVE)
+
+
+@triton.jit
 def rnn_bwd_step_kernel(s, rec_ptr, len_ptr, dy_ptr, hp_ptr, cp_ptr, sv_ptr, dhc_ptr, dcc_ptr,
                         dgh_ptr, dgx_ptr, dgbuf_ptr, dh0_ptr, dc0_ptr, T, B, H,
                         MODE: tl.constexpr, HAS_REC: tl.constexpr, FINAL: tl.constexpr, HAS_LEN: tl.constexpr,
@@ -483,6 +538,14 @@ BACKWARD_PATH = "auto"
 # (bf16) and slower at 256 / 512 (docs/rnn.md). FWD_BATCH_M = False turns it off (tests, benchmarks).
 FWD_BATCH_M = True
 FWD_BATCH_M_MIN_K = 1024
+# The persistent forward's step loads before the h exchange (EARLY_LOADS) or after the dot; "auto": early only
+# where a step takes more than one round of rows (docs/rnn.md, session 19: at one round, early loads made hidden
+# 256 slower). True / False force one form (tests, benchmarks).
+FWD_EARLY_LOADS: bool | str = "auto"
+# The stepwise forward: one fused launch a step (rnn_fwd_step_dot_kernel) or, with FWD_STEP_FUSED = False, a GEMM
+# and a cell launch a step (benchmarks). FWD_STEP_CONFIG overrides fwd_step_config's pick (benchmarks).
+FWD_STEP_FUSED = True
+FWD_STEP_CONFIG: tuple[int, int, int, int, int] | None = None
 BWD_BLOCK_K = 256  # K chunk of the persistent backward's per-step dot (W_hh read from L1/L2 chunk by chunk)
 _BLOCK_B: dict[tuple, int] = {}  # (pass, H, mode, dtype, B, precision) -> BLOCK_B that compiled; 0: none did
 
@@ -491,6 +554,20 @@ def auto_backward_path(H: int, mode: int, dtype: torch.dtype) -> str:
     """The backward's path by default: persistent, except 16-bit layers with NG H > 2048, where the H100
     measured the stepwise one (a cuBLAS-rate GEMM per step) faster than the persistent dot's K loop."""
     return "persistent" if dtype.itemsize >= 4 or GATES[mode] * H <= 2048 else "stepwise"
+
+
+def fwd_step_config(H: int, B: int, dtype: torch.dtype, sms: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_H, BLOCK_B, BLOCK_K, num_warps, num_stages) of the fused stepwise forward: 16 units a program
+    (dot's minimum), then batch rows halved while the grid can double within the SM count, so that W_hh's
+    L2 reads spread over every SM (each unit block's W slice is read once per row block)."""
+    if FWD_STEP_CONFIG is not None:
+        return FWD_STEP_CONFIG
+    bh = 16
+    bb = min(64, max(16, _pow2(B)))
+    while bb > 16 and -(-H // bh) * -(-B // (bb // 2)) <= sms:
+        bb //= 2
+    bk = min(64 if dtype.itemsize >= 4 else 128, max(16, _pow2(H)))
+    return bh, bb, bk, 4, 3
 
 
 def bwd_row_blocks(grid: int, B: int, sms: int) -> list[int]:
@@ -568,16 +645,28 @@ def rnn_forward(gx: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor | None,
         meta = dict(**flags, BLOCK_H=bh, BLOCK_K=bk, PRECISION=_precision(dt))
         # batch rows as the dot's M (a wgmma at 64 rows, W^T read from shared memory) where h [64, K] and W^T
         # fit shared memory; one pipeline stage: the round loop has one trip at B <= 64, nothing to prefetch
-        ok = FWD_BATCH_M and bk >= FWD_BATCH_M_MIN_K and _launch_persistent(rnn_fwd_persistent_kernel, key + ("batch_m",), 64, grid, *args,
-                                                smallest=64, **meta, BATCH_M=True, num_warps=8, num_stages=1)
+        ok = FWD_BATCH_M and bk >= FWD_BATCH_M_MIN_K and _launch_persistent(
+            rnn_fwd_persistent_kernel, key + ("batch_m",), 64, grid, *args, smallest=64, **meta, BATCH_M=True,
+            EARLY_LOADS=FWD_EARLY_LOADS is not False, num_warps=8, num_stages=1)
         if not ok:
-            ok = _launch_persistent(rnn_fwd_persistent_kernel, key, _block_b(B, bk), grid, *args, **meta,
-                                    BATCH_M=False, num_warps=warps)
+            bb = _block_b(B, bk)
+            early = B > bb if FWD_EARLY_LOADS == "auto" else bool(FWD_EARLY_LOADS)
+            ok = _launch_persistent(rnn_fwd_persistent_kernel, key + (early,), bb, grid, *args, **meta,
+                                    BATCH_M=False, EARLY_LOADS=early, num_warps=warps)
         if not ok:  # the compiler could not fit even the smallest tiles: take the stepwise path
+            _BLOCK_B[key] = 0
             if path == "persistent":
                 raise ValueError(f"rnn: the persistent kernel does not fit hidden_size {H} ({dt}) in shared memory")
             return rnn_forward(gx, w_hh, b_hh, h0, c0, lengths, mode=mode, reverse=reverse, save=save,
                                path="stepwise")
+    elif FWD_STEP_FUSED:
+        sms = 1 if _interpreted(dev) else _sm_count(dev)
+        bh, bb, bk, warps, stages = fwd_step_config(H, B, dt, sms)
+        grid = (-(-H // bh), -(-B // bb))
+        for s in range(T):
+            rnn_fwd_step_dot_kernel[grid](s, gx, w_hh, bias, hbuf, cbuf, lens, y, hn, cn if lstm else hn, hp, cp, sv,
+                                          T, B, H, **flags, BLOCK_H=bh, BLOCK_B=bb, BLOCK_K=bk,
+                                          PRECISION=_precision(dt), num_warps=warps, num_stages=stages)
     else:
         bh, bb = 32, 32
         grid = (-(-H // bh), -(-B // bb))
