@@ -108,11 +108,14 @@ RADIX_CHUNK = 64  # tiles a step of the offsets' loop over a row
 # BEST_TILE elements keeps its best cap, found on 32-bit keys (tl.topk of the keys alone, then the
 # cap-th key's ties resolved by index), written unsorted; then rounds of tl.topk over chunks of
 # BEST_CHUNK packed candidates until one chunk a row is left, whose topk is the sorted answer
-# (in place of the int64 tile topk and log2(N / TILE) capped merges).
+# (in place of the int64 tile topk and log2(N / TILE) capped merges). H100, 256 rows of 32k fp32
+# (bench/results/sort_variants_small_k.txt): k = 1 / 8 / 50 / 100 took 0.045 / 0.083 / 0.137 /
+# 0.211 ms against the capped merges' 0.049 / 0.119 / 0.191 / 0.220; tiles of 1024 on 4 warps beat
+# 2048-8192 on 4-16 warps at every k (0.16-0.31 ms at k = 50: cross-warp compare-and-swap stages).
 BEST_OF_TILES = True
-BEST_TILE = 4096
-BEST_WARPS = 8
-BEST_CHUNK = 8192
+BEST_TILE = 1024
+BEST_WARPS = 4
+BEST_CHUNK = 2048  # a row's 6400 candidates (128k, k = 50) as 4 programs, not one of 8192
 # tl.sort for 32-bit keys. The interpreter runs its compare-and-swap network element by element
 # (seconds per tile), so there every tile is ranked instead; tests switch it on for one case.
 PACKED_SORT = not INTERPRETER
