@@ -30,7 +30,7 @@ PREDICTION = ("forward (session 18): the dot as h_prev [64, K] x W_hh^T, a wgmma
 
 
 BASELINE = None  # --baseline: an earlier kernels/rnn.py, its rnn_forward timed beside this one's
-FORMS = True  # --no-forms: time only the two persistent dots beside the default path
+FORMS = True  # --no-forms: time only the default path (rec_fwd_ms), not each form of the forward
 STEP_CONFIGS: list[tuple[int, ...]] = []  # --step-configs: fused stepwise forward configs timed beside the default
 
 
@@ -82,13 +82,11 @@ def _graph_and_parts(name, g_fn, t_fn, mod, x, mode, dtype) -> dict:
     # each form of the forward (the persistent dot's two orientations, its loads early / late, the stepwise forward
     # fused or as GEMM + cell, --step-configs), and --baseline's kernels, in this process: the launchers are called
     # directly (backend.call would replay its recorded plan, whatever kernels.rnn's switches say now)
-    variants = [("batch_m", K, dict(FWD_BATCH_M=True, FWD_BATCH_M_MIN_K=0), None)]
-    if FORMS:
-        variants += [("early_loads", K, dict(FWD_BATCH_M=False, FWD_EARLY_LOADS=True), None),
-                     ("late_loads", K, dict(FWD_BATCH_M=False, FWD_EARLY_LOADS=False), None),
-                     ("step_fused", K, {}, "stepwise"), ("step_gemm", K, dict(FWD_STEP_FUSED=False), "stepwise")]
-    else:
-        variants.append(("units_m", K, dict(FWD_BATCH_M=False), None))
+    variants = [] if not FORMS else [
+        ("batch_m", K, dict(FWD_BATCH_M=True, FWD_BATCH_M_MIN_K=0), None),
+        ("early_loads", K, dict(FWD_BATCH_M=False, FWD_EARLY_LOADS=True), None),
+        ("late_loads", K, dict(FWD_BATCH_M=False, FWD_EARLY_LOADS=False), None),
+        ("step_fused", K, {}, "stepwise"), ("step_gemm", K, dict(FWD_STEP_FUSED=False), "stepwise")]
     variants += [("step_" + "_".join(map(str, cfg)), K, dict(FWD_STEP_CONFIG=cfg), "stepwise") for cfg in STEP_CONFIGS]
     if BASELINE is not None:
         variants.append(("baseline", BASELINE, {}, None))
@@ -125,8 +123,8 @@ def main() -> None:
                     help="the backward path when a layer does not force one (default: kernels.rnn.BACKWARD_PATH)")
     ap.add_argument("--baseline", default=None, help="an earlier ge2/kernels/rnn.py (e.g. from git show): its "
                     "recurrence forward is timed beside this one's (rec_fwd_baseline_ms)")
-    ap.add_argument("--no-forms", action="store_true", help="time only the persistent dot's two orientations beside "
-                    "the default path (not the load orders nor the stepwise forms)")
+    ap.add_argument("--no-forms", action="store_true", help="time the recurrence's default path only, not each form "
+                    "of the forward (the persistent dot's orientations and load orders, the stepwise forms)")
     ap.add_argument("--step-configs", default="", help="';'-separated BLOCK_H,BLOCK_B,BLOCK_K,warps,stages of the "
                     "fused stepwise forward, each timed (rec_fwd_step_<config>_ms)")
     args = ap.parse_args()

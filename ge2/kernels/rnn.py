@@ -556,18 +556,14 @@ def auto_backward_path(H: int, mode: int, dtype: torch.dtype) -> str:
     return "persistent" if dtype.itemsize >= 4 or GATES[mode] * H <= 2048 else "stepwise"
 
 
-def fwd_step_config(H: int, B: int, dtype: torch.dtype, sms: int) -> tuple[int, int, int, int, int]:
+def fwd_step_config(H: int, B: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
     """(BLOCK_H, BLOCK_B, BLOCK_K, num_warps, num_stages) of the fused stepwise forward: 16 units a program
-    (dot's minimum), then batch rows halved while the grid can double within the SM count, so that W_hh's
-    L2 reads spread over every SM (each unit block's W slice is read once per row block)."""
+    (dot's minimum: the most programs to spread W_hh's L2 reads over), up to 64 batch rows (a wgmma's M, so
+    each W slice is read once a step), K chunks of 128 bytes in 4 pipeline stages. The H100 measured it best
+    of six configs at fp32 hidden 1024 (docs/rnn.md, session 19: a grid of 64 x 1 programs there)."""
     if FWD_STEP_CONFIG is not None:
         return FWD_STEP_CONFIG
-    bh = 16
-    bb = min(64, max(16, _pow2(B)))
-    while bb > 16 and -(-H // bh) * -(-B // (bb // 2)) <= sms:
-        bb //= 2
-    bk = min(64 if dtype.itemsize >= 4 else 128, max(16, _pow2(H)))
-    return bh, bb, bk, 4, 3
+    return 16, min(64, max(16, _pow2(B))), min(128 // dtype.itemsize, max(16, _pow2(H))), 4, 4
 
 
 def bwd_row_blocks(grid: int, B: int, sms: int) -> list[int]:
@@ -660,8 +656,7 @@ def rnn_forward(gx: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor | None,
             return rnn_forward(gx, w_hh, b_hh, h0, c0, lengths, mode=mode, reverse=reverse, save=save,
                                path="stepwise")
     elif FWD_STEP_FUSED:
-        sms = 1 if _interpreted(dev) else _sm_count(dev)
-        bh, bb, bk, warps, stages = fwd_step_config(H, B, dt, sms)
+        bh, bb, bk, warps, stages = fwd_step_config(H, B, dt)
         grid = (-(-H // bh), -(-B // bb))
         for s in range(T):
             rnn_fwd_step_dot_kernel[grid](s, gx, w_hh, bias, hbuf, cbuf, lens, y, hn, cn if lstm else hn, hp, cp, sv,
