@@ -29,6 +29,10 @@ each lane then writes its MERGE_SEQ outputs by taking the smaller head of the tw
 and the draw without replacement cap every run at k: a tile keeps only its k best and a merge
 writes only the first k of each merged pair.
 
+**Small k** (k < SELECT_MIN_K, rows of 32-bit keys longer than a tile): each tile keeps its k best,
+found by tl.topk on the 32-bit keys alone (the k-th key's ties by lowest index), unsorted; rounds of
+tl.topk over chunks of packed candidates then leave one sorted run of k (BEST_OF_TILES).
+
 **Radix sort** (off: RADIX_SORT). Whole rows of 32-bit keys, least significant digit first: per pass,
 per-tile digit counts, a per-row scan into offsets, and a scatter that puts each step's keys in
 (digit, position) order on chip (tl.sort, tl.gather) before storing them to their digit's run.
@@ -95,14 +99,15 @@ _WIDE_KEYS = (torch.float64, torch.int64)
 # place of the tile sort and the log2(N / TILE) merges (latency-bound: ~0.15 ms each on 8M keys).
 # OFF by default: its first form (each lane storing its key where it goes) took 3.16 / 3.17 ms on
 # 256 x 32k / 64 x 128k fp32 against the merges' 1.15 / 1.44 (H100, bench/results/
-# tensor_ops_sort_radix_v1.json); the present form (stores in (digit, position) order) is not yet
-# measured: `bench/sort_variants.py --radix` times it against the merges and torch.
+# tensor_ops_sort_radix_v1.json); the present form (stores in (digit, position) order) took 1.46 /
+# 1.48 ms at its best (5 bits, SUB 256) and 2.0-4.7 ms otherwise (bench/results/
+# sort_variants_radix_v2.txt): the step's tl.sort bounds it.
 RADIX_SORT = False
 RADIX_MIN_N = TILE + 1
 RADIX_BITS = 5
 RADIX_TILE = 1024
 RADIX_WARPS = 8
-RADIX_SUB = 1024  # keys a step of the scatter (one tl.sort of digit | position each)
+RADIX_SUB = 256  # keys a step of the scatter (one tl.sort of digit | position each; 256 measured best)
 RADIX_CHUNK = 64  # tiles a step of the offsets' loop over a row
 # Small k (cap < SELECT_MIN_K) out of rows of 32-bit keys longer than a tile: each tile of
 # BEST_TILE elements keeps its best cap, found on 32-bit keys (tl.topk of the keys alone, then the
