@@ -7,7 +7,7 @@ issues the next tile's wgmma only after its epilogue, so an erf-gelu epilogue (~
 element) leaves the tensor cores idle (docs/gemm.md). Triton 3.6 does not warp-specialise on sm_90;
 Gluon states the schedule explicitly:
 
-* the loader (1 warp) walks this program's tiles and their K-steps in order and fills a ring of
+* the loader (one warpgroup, one thread issuing) walks this program's tiles and their K-steps in order and fills a ring of
   STAGES shared-memory slots by TMA, each slot with a `ready` barrier (TMA bytes arrived) and an
   `empty` one (its MMAs finished);
 * consumer c (4 warps each, c = 0, 1) takes the program's tiles c, c + 2, ...: for each, wgmma
@@ -197,7 +197,8 @@ def gemm_ws_kernel(a_desc, b_desc, y_desc, z_desc, bias_ptr, M, N, K, stride_bia
                         NUM_SMS)),
         (_ws_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, A_KMAJOR, B_KMAJOR, BLOCK_M, BLOCK_N,
                       BLOCK_K, GROUP_M, NUM_SMS)),
-    ], [4, 1], [232, 40])
+    ], [4, 4], [232, 40])  # the loader gets a whole warpgroup: with 1 warp, Triton 3.6 ran it on two (H100,
+    # compute-sanitizer: two arrive.expect_tx per slot, a launch failure); registers are given per warpgroup anyway
 
 
 def launch(a_view, b_view, y: torch.Tensor, *, z: torch.Tensor | None, bias: torch.Tensor | None, bias_kind: int,
