@@ -19,7 +19,11 @@ import ge2
 import ge2.nn as nn
 from ge2.kernels import rnn as K
 
-PREDICTION = ("forward (session 18): the dot as h_prev [64, K] x W_hh^T, a wgmma reading W^T from shared memory once "
+PREDICTION = ("forward (session 19): the step's loads after the dot where a step has one round of rows (early, each is "
+              "converted to the dot's layout at once: six serial L2 waits) puts hidden 256 back at the s17 kernel's time; "
+              "stepwise fp32 1024 as one fused launch a step reading W_hh from L2 over 64-128 programs: ~8-10 us a step "
+              "against 25 (GEMM + cell); "
+              "forward (session 18): the dot as h_prev [64, K] x W_hh^T, a wgmma reading W^T from shared memory once "
               "a step instead of 8-16 warps re-loading W fragments every round (bf16 1024: ~384 KB of shared-memory "
               "reads a round, 4 rounds; ~1.7 us a round), one round for all 64 rows, gx / c loads issued before the "
               "h exchange: bf16 1024 17 -> ~7 us a step (recurrence 2.2 -> ~0.9 ms), 512 5.7 -> ~4 us; "

@@ -18,7 +18,8 @@ Two ways to run it, with the same per-step cell code (``_fwd_cell`` / ``_bwd_cel
   cannot deadlock. Backward is the same with W_hh^T column tiles and dgates as the exchange.
 * **stepwise** (fallback where the tile does not fit the register budget, and the Triton
   interpreter, which runs programs one after the other so a barrier among several would spin for
-  ever): per step one GEMM ``h_prev @ W_hh^T`` and one fused-cell launch.
+  ever): forward, one launch a step (``h_prev @ W_hh^T`` over K chunks, the cell in its epilogue);
+  backward, one GEMM ``dgates @ W_hh`` and one fused-cell launch a step.
 
 Variable lengths: with ``lengths`` a row b is active at step s while s < len_b; inactive steps
 carry the state through, write 0 to y and receive no gradient. The reverse direction walks row b
