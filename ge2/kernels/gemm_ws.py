@@ -32,7 +32,7 @@ from ge2 import runtime
 from ge2.kernels.activations import act_fwd
 from ge2.kernels.gemm import _tile_coords as tile_coords
 
-USE_WS = True  # off: the Triton TMA kernel takes these GEMMs too (benchmarks compare the two)
+USE_WS = False  # on: 16-bit GEMMs of >= 2 tiles per SM take this kernel (off until it runs on the H100)
 WS_MIN_PROBLEM = 1 << 27  # M*N*K below this: too few tiles for two consumers per SM to pay
 
 
