@@ -15,14 +15,12 @@ from ge2.kernels import gemm as gemm_kernels
 from tests.numerics import assert_matches, randn
 from tests.test_gemm import _bias, _operand, _reference
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
-                                reason="the Gluon kernel runs on sm_90 only")
+from ge2.kernels import gemm_ws
 
-if torch.cuda.is_available():
-    from ge2.kernels import gemm_ws
-    CONFIGS = gemm_ws.WS_CONFIGS
-else:
-    gemm_ws, CONFIGS = None, []
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                                 reason="the Gluon kernel runs on sm_90 only"),
+              pytest.mark.skipif(not gemm_ws.USE_WS, reason="gemm_ws.USE_WS is off: the kernel is not in use yet")]
+CONFIGS = gemm_ws.WS_CONFIGS
 
 LAYOUTS = list(itertools.product((False, True), (False, True)))  # (trans_a, trans_b): K- or MN-major operands
 
