@@ -19,7 +19,11 @@ import ge2
 import ge2.nn as nn
 from ge2.kernels import rnn as K
 
-PREDICTION = ("forward (session 19): the step's loads after the dot where a step has one round of rows (early, each is "
+PREDICTION = ("backward (session 19, A2): the persistent backward's cell inputs (dy, saved gates, c_prev) issued "
+              "before the barrier and dh / dc carried in registers, instead of eight loads after the dot each converted "
+              "to the dot's layout where loaded (serial L2 / HBM waits): bf16 LSTM 512 recurrence backward 1.13 -> "
+              "~0.75 ms, fwd+bwd ratio 0.99 -> ~1.15; "
+              "forward (session 19): the step's loads after the dot where a step has one round of rows (early, each is "
               "converted to the dot's layout at once: six serial L2 waits) puts hidden 256 back at the s17 kernel's time; "
               "stepwise fp32 1024 as one fused launch a step reading W_hh from L2 over 64-128 programs: ~8-10 us a step "
               "against 25 (GEMM + cell); "
@@ -35,7 +39,8 @@ PREDICTION = ("forward (session 19): the step's loads after the dot where a step
 
 BASELINE = None  # --baseline: an earlier kernels/rnn.py, its rnn_forward timed beside this one's
 FORMS = True  # --no-forms: time only the default path (rec_fwd_ms), not each form of the forward
-STEP_CONFIGS: list[tuple[int, ...]] = []  # --step-configs: fused stepwise forward configs timed beside the default
+STEP_CONFIGS: list[tuple[int, ...]] = []
+BWD_FORMS = False  # --bwd-forms: time the persistent backward with each load order (kernels.rnn.BWD_EARLY_LOADS)  # --step-configs: fused stepwise forward configs timed beside the default
 
 
 def _modules(cls: str, hidden: int, dtype: torch.dtype, device):
@@ -111,6 +116,17 @@ def _graph_and_parts(name, g_fn, t_fn, mod, x, mode, dtype) -> dict:
         dy = torch.randn(T, B, H, device=x.device, dtype=dtype)
         out["rec_bwd_ms"] = time_ms(lambda: call("rnn_backward", dy, h0, c0, w, None, *res[3:], mode=kname,
                                                  reverse=False), 10, 50, cuda_graph=True)
+        # --bwd-forms: the persistent backward's cell inputs issued before the barrier (early) or after the dot (late)
+        for tag, early in (("early", True), ("late", False)) if BWD_FORMS else ():
+            old_early, K.BWD_EARLY_LOADS = K.BWD_EARLY_LOADS, early
+            try:
+                out[f"rec_bwd_{tag}_ms"] = time_ms(lambda: K.rnn_backward(dy, h0, c0, w, None, *res[3:], mode=mode,
+                                                                          reverse=False, path="persistent"), 10, 50,
+                                                   cuda_graph=True)
+            except Exception as e:  # noqa: BLE001 (recorded, not fatal)
+                out[f"rec_bwd_{tag}_ms"] = f"{type(e).__name__}: {e}"[:120]
+            finally:
+                K.BWD_EARLY_LOADS = old_early
     out["block_b"] = fwd_bb + "/" + str(K._BLOCK_B.get(("bwd", H, mode, dtype, B, prec), "-"))
     return out
 
@@ -129,11 +145,14 @@ def main() -> None:
                     "recurrence forward is timed beside this one's (rec_fwd_baseline_ms)")
     ap.add_argument("--no-forms", action="store_true", help="time the recurrence's default path only, not each form "
                     "of the forward (the persistent dot's orientations and load orders, the stepwise forms)")
+    ap.add_argument("--bwd-forms", action="store_true", help="time the persistent backward with its cell inputs issued "
+                    "before the barrier and after the dot (rec_bwd_early_ms / rec_bwd_late_ms)")
     ap.add_argument("--step-configs", default="", help="';'-separated BLOCK_H,BLOCK_B,BLOCK_K,warps,stages of the "
                     "fused stepwise forward, each timed (rec_fwd_step_<config>_ms)")
     args = ap.parse_args()
-    global FORMS, STEP_CONFIGS
+    global FORMS, STEP_CONFIGS, BWD_FORMS
     FORMS = not args.no_forms
+    BWD_FORMS = args.bwd_forms
     STEP_CONFIGS = [tuple(int(v) for v in c.split(",")) for c in args.step_configs.split(";") if c]
     if args.baseline:
         import importlib.util

@@ -284,3 +284,27 @@ def test_stepwise_forward_forms(cls, fused, monkeypatch):
     lengths = torch.tensor([4, 1, 3, 4, 2, 4, 4, 1, 3, 2, 4, 4, 1, 2, 3, 4, 4, 2])
     _check(cls, kw, randn(4, 18, 3, dtype=torch.float64, noncontig=True, seed=23), _hx(cls, kw, 18),
            lengths=lengths, packed=True, path="stepwise")
+
+
+@pytest.mark.parametrize("cls,early", [("LSTM", True), ("LSTM", False), ("GRU", True), ("RNN", True)])
+def test_persistent_backward_load_orders(cls, early, monkeypatch):
+    """The persistent backward with each step's cell inputs issued before the barrier of the step ahead
+    (carried through the loop) and after the dot, with variable lengths in both directions."""
+    monkeypatch.setattr(K, "BWD_EARLY_LOADS", early)
+    kw = dict(input_size=3, hidden_size=6, bidirectional=True)
+    lengths = torch.tensor([2, 5, 1, 4])
+    _check(cls, kw, randn(5, 4, 3, dtype=torch.float64, noncontig=True, seed=24), _hx(cls, kw, 4),
+           lengths=lengths, packed=True, path="persistent")
+
+
+@pytest.mark.skipif(not LARGE, reason="GPU sizes only with GE2_TEST_LARGE")
+@pytest.mark.parametrize("early", [True, False])
+@pytest.mark.parametrize("cls", ["LSTM", "GRU"])
+def test_persistent_backward_load_orders_large(cls, early, monkeypatch):
+    """Both load orders over several unit blocks and row blocks (hidden 300, 70 rows), variable lengths."""
+    monkeypatch.setattr(K, "BWD_EARLY_LOADS", early)
+    kw = dict(input_size=24, hidden_size=300, bidirectional=True)
+    lengths = torch.randint(1, 12, (70,), generator=torch.Generator().manual_seed(6))
+    lengths[3] = 12
+    _check(cls, kw, randn(12, 70, 24, dtype=torch.float64, seed=25), _hx(cls, kw, 70), lengths=lengths,
+           packed=True, path="persistent")

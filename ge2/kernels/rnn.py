@@ -170,46 +170,62 @@ def _fwd_cell(s, a0, a1, a2, a3, x0, x1, x2, x3, h_prev, c_prev, active, tt, u, 
 
 
 @triton.jit
-def _bwd_cell(s, rec, u, b, T, B, H,
-              dy_ptr, len_ptr, hp_ptr, cp_ptr, sv_ptr, dhc_ptr, dcc_ptr, dgh_ptr, dgx_ptr, dgbuf_ptr,
-              MODE: tl.constexpr, HAS_LEN: tl.constexpr, REVERSE: tl.constexpr):
-    """Backward of one step: dh = dy + rec (= dgates_{s+1} W_hh, own units) + carried; writes dgates."""
-    NG: tl.constexpr = 4 if MODE == 2 else (3 if MODE == 3 else 1)
-    NS: tl.constexpr = 4 if NG > 1 else 1
+def _bwd_loads(s, u, b, T, B, H, dy_ptr, len_ptr, hp_ptr, cp_ptr, sv_ptr,
+               MODE: tl.constexpr, HAS_LEN: tl.constexpr, REVERSE: tl.constexpr):
+    """The step's inputs that no other program writes (dy, the saved gates q0..q3, lstm c_prev / gru h_prev
+    as prev), so the persistent kernel can issue them before the barrier: (active, tt, dy, q0..q3, prev)."""
+    NS: tl.constexpr = 4 if MODE >= 2 else 1
     m = (u < H) & (b < B)
     active, tt = _rows(s, b, T, B, len_ptr, HAS_LEN, REVERSE)
-    G = NG * H
-    ub = b * H + u
     row = (tt.to(tl.int64) * B + b) * H + u
     dy = tl.load(dy_ptr + row, mask=m & active, other=0.0).to(tl.float32)
-    dh = dy + rec + tl.load(dhc_ptr + ub, mask=m, other=0.0)
     sv = sv_ptr + (tt.to(tl.int64) * B + b) * (NS * H) + u
+    q0 = tl.load(sv, mask=m, other=0.0)
+    q1 = q0
+    q2 = q0
+    q3 = q0
+    prev = q0
+    if NS == 4:
+        q1 = tl.load(sv + H, mask=m, other=0.0)
+        q2 = tl.load(sv + 2 * H, mask=m, other=0.0)
+        q3 = tl.load(sv + 3 * H, mask=m, other=0.0)
+    if MODE == 2:
+        prev = tl.load(cp_ptr + row, mask=m, other=0.0)
+    elif MODE == 3:
+        prev = tl.load(hp_ptr + row, mask=m, other=0.0).to(tl.float32)
+    return active, tt, dy, q0, q1, q2, q3, prev
+
+
+@triton.jit
+def _bwd_cell(rec, dhc, dcc, active, tt, dy, q0, q1, q2, q3, prev, s, u, b, B, H, dgh_ptr, dgx_ptr, dgbuf_ptr,
+              MODE: tl.constexpr):
+    """Backward of one step from ``_bwd_loads``' inputs, rec (= dgates_{s+1} W_hh, own units) and the carried
+    dhc (the part of dh that bypassed W_hh) and dcc (lstm: dc); writes dgates, returns the new (dhc, dcc)."""
+    NG: tl.constexpr = 4 if MODE == 2 else (3 if MODE == 3 else 1)
+    m = (u < H) & (b < B)
+    G = NG * H
+    dh = dy + rec + dhc
     dg = dgh_ptr + (tt.to(tl.int64) * B + b) * G + u
     ex = dgbuf_ptr + (s % 2) * B * G + b * G + u
     carry = tl.zeros_like(dh)
+    dc_out = dcc
     if MODE <= 1:
-        h = tl.load(sv, mask=m, other=0.0)
         if MODE == 0:
-            d0 = dh * (1.0 - h * h)
+            d0 = dh * (1.0 - q0 * q0)
         else:
-            d0 = tl.where(h > 0.0, dh, 0.0)
+            d0 = tl.where(q0 > 0.0, dh, 0.0)
         d0 = tl.where(active, d0, 0.0)
         tl.store(dg, d0.to(dgh_ptr.dtype.element_ty), mask=m)
         tl.store(ex, d0.to(dgbuf_ptr.dtype.element_ty), mask=m)
     elif MODE == 2:
-        gi = tl.load(sv, mask=m, other=0.0)
-        gf = tl.load(sv + H, mask=m, other=0.0)
-        gg = tl.load(sv + 2 * H, mask=m, other=0.0)
-        go = tl.load(sv + 3 * H, mask=m, other=0.0)
-        c_prev = tl.load(cp_ptr + row, mask=m, other=0.0)
+        gi, gf, gg, go, c_prev = q0, q1, q2, q3, prev
         tc = tanh(gf * c_prev + gi * gg)
-        dc_in = tl.load(dcc_ptr + ub, mask=m, other=0.0)
-        dc = dc_in + dh * go * (1.0 - tc * tc)
+        dc = dcc + dh * go * (1.0 - tc * tc)
         d0 = tl.where(active, dc * gg * gi * (1.0 - gi), 0.0)
         d1 = tl.where(active, dc * c_prev * gf * (1.0 - gf), 0.0)
         d2 = tl.where(active, dc * gi * (1.0 - gg * gg), 0.0)
         d3 = tl.where(active, dh * tc * go * (1.0 - go), 0.0)
-        tl.store(dcc_ptr + ub, tl.where(active, dc * gf, dc_in), mask=m)
+        dc_out = tl.where(active, dc * gf, dcc)
         tl.store(dg, d0.to(dgh_ptr.dtype.element_ty), mask=m)
         tl.store(dg + H, d1.to(dgh_ptr.dtype.element_ty), mask=m)
         tl.store(dg + 2 * H, d2.to(dgh_ptr.dtype.element_ty), mask=m)
@@ -219,11 +235,7 @@ def _bwd_cell(s, rec, u, b, T, B, H,
         tl.store(ex + 2 * H, d2.to(dgbuf_ptr.dtype.element_ty), mask=m)
         tl.store(ex + 3 * H, d3.to(dgbuf_ptr.dtype.element_ty), mask=m)
     else:
-        r = tl.load(sv, mask=m, other=0.0)
-        z = tl.load(sv + H, mask=m, other=0.0)
-        n = tl.load(sv + 2 * H, mask=m, other=0.0)
-        hn = tl.load(sv + 3 * H, mask=m, other=0.0)
-        h_prev = tl.load(hp_ptr + row, mask=m, other=0.0).to(tl.float32)
+        r, z, n, hn, h_prev = q0, q1, q2, q3, prev
         dan = dh * (1.0 - z) * (1.0 - n * n)
         d0 = tl.where(active, dan * hn * r * (1.0 - r), 0.0)
         d1 = tl.where(active, dh * (h_prev - n) * z * (1.0 - z), 0.0)
@@ -240,17 +252,27 @@ def _bwd_cell(s, rec, u, b, T, B, H,
         tl.store(ex + H, d1.to(dgbuf_ptr.dtype.element_ty), mask=m)
         tl.store(ex + 2 * H, d2.to(dgbuf_ptr.dtype.element_ty), mask=m)
     # the part of dh_prev that bypasses W_hh: all of dh through a padding step, z dh in a gru step
-    tl.store(dhc_ptr + ub, tl.where(active, carry, dh), mask=m)
+    return tl.where(active, carry, dh), dc_out
 
 
 @triton.jit
-def _bwd_final(rec, u, b, B, H, dhc_ptr, dcc_ptr, dh0_ptr, dc0_ptr, MODE: tl.constexpr):
+def _bwd_state(u, b, B, H, dhc_ptr, dcc_ptr, MODE: tl.constexpr):
+    """The carried (dhc, dcc) of units u x rows b from their [B, H] fp32 buffers (dcc zeros unless lstm)."""
+    m = (u < H) & (b < B)
+    dhc = tl.load(dhc_ptr + b * H + u, mask=m, other=0.0)
+    dcc = tl.zeros_like(dhc)
+    if MODE == 2:
+        dcc = tl.load(dcc_ptr + b * H + u, mask=m, other=0.0)
+    return dhc, dcc
+
+
+@triton.jit
+def _bwd_final(rec, dhc, dcc, u, b, B, H, dh0_ptr, dc0_ptr, MODE: tl.constexpr):
     m = (u < H) & (b < B)
     ub = b * H + u
-    dh0 = rec + tl.load(dhc_ptr + ub, mask=m, other=0.0)
-    tl.store(dh0_ptr + ub, dh0.to(dh0_ptr.dtype.element_ty), mask=m)
+    tl.store(dh0_ptr + ub, (rec + dhc).to(dh0_ptr.dtype.element_ty), mask=m)
     if MODE == 2:
-        tl.store(dc0_ptr + ub, tl.load(dcc_ptr + ub, mask=m, other=0.0).to(dc0_ptr.dtype.element_ty), mask=m)
+        tl.store(dc0_ptr + ub, dcc.to(dc0_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -361,26 +383,39 @@ def rnn_bwd_persistent_kernel(w_ptr, len_ptr, dy_ptr, hp_ptr, cp_ptr, sv_ptr, dh
                               dgh_ptr, dgx_ptr, dgbuf_ptr, dh0_ptr, dc0_ptr, sync_ptr, T, B, H,
                               MODE: tl.constexpr, HAS_LEN: tl.constexpr, REVERSE: tl.constexpr,
                               BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
-                              PRECISION: tl.constexpr):
+                              PRECISION: tl.constexpr, EARLY_LOADS: tl.constexpr):
     """All T steps backwards; program (p, q) owns units p and batch rows q. Batch rows never mix, so only
-    the programs of one row block meet at a barrier (a counter per row block)."""
-    NG: tl.constexpr = 4 if MODE == 2 else (3 if MODE == 3 else 1)
+    the programs of one row block meet at a barrier (a counter per row block). dhc / dcc stay in registers.
+
+    EARLY_LOADS: step s-1's cell inputs (``_bwd_loads``) are issued at the end of step s, before the barrier,
+    and carried through the loop; the compiler converts them to the dot's layout where they are used, after
+    the next dot, instead of right after each load (one L2 / HBM wait each, in series, after the dot)."""
     nprog = tl.num_programs(0)
     u = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]
     b = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)[None, :]
     sync = sync_ptr + tl.program_id(1) * 32  # one counter per row block, a 128-byte line each
+    NG: tl.constexpr = 4 if MODE == 2 else (3 if MODE == 3 else 1)
     G = NG * H
+    dhc, dcc = _bwd_state(u, b, B, H, dhc_ptr, dcc_ptr, MODE)
+    active, tt, dy, q0, q1, q2, q3, prev = _bwd_loads(T - 1, u, b, T, B, H, dy_ptr, len_ptr, hp_ptr, cp_ptr,
+                                                      sv_ptr, MODE, HAS_LEN, REVERSE)
     for i in range(T):
         s = T - 1 - i
         rec = tl.zeros((BLOCK_H, BLOCK_B), dtype=tl.float32)
         if i > 0:
             rec = _dgates_dot(w_ptr, dgbuf_ptr + ((s + 1) % 2) * B * G, u, b, B, H, G, BLOCK_H, BLOCK_B, BLOCK_K,
                               PRECISION)
-        _bwd_cell(s, rec, u, b, T, B, H, dy_ptr, len_ptr, hp_ptr, cp_ptr, sv_ptr, dhc_ptr, dcc_ptr,
-                  dgh_ptr, dgx_ptr, dgbuf_ptr, MODE, HAS_LEN, REVERSE)
+        if not EARLY_LOADS:
+            active, tt, dy, q0, q1, q2, q3, prev = _bwd_loads(s, u, b, T, B, H, dy_ptr, len_ptr, hp_ptr, cp_ptr,
+                                                              sv_ptr, MODE, HAS_LEN, REVERSE)
+        dhc, dcc = _bwd_cell(rec, dhc, dcc, active, tt, dy, q0, q1, q2, q3, prev, s, u, b, B, H, dgh_ptr, dgx_ptr,
+                             dgbuf_ptr, MODE)
+        if EARLY_LOADS:  # step s-1's (the last step reloads step 0's, unused)
+            active, tt, dy, q0, q1, q2, q3, prev = _bwd_loads(tl.maximum(s - 1, 0), u, b, T, B, H, dy_ptr, len_ptr,
+                                                              hp_ptr, cp_ptr, sv_ptr, MODE, HAS_LEN, REVERSE)
         _grid_sync(sync, nprog * (i + 1))
     rec = _dgates_dot(w_ptr, dgbuf_ptr, u, b, B, H, G, BLOCK_H, BLOCK_B, BLOCK_K, PRECISION)
-    _bwd_final(rec, u, b, B, H, dhc_ptr, dcc_ptr, dh0_ptr, dc0_ptr, MODE)
+    _bwd_final(rec, dhc, dcc, u, b, B, H, dh0_ptr, dc0_ptr, MODE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -473,11 +508,18 @@ def rnn_bwd_step_kernel(s, rec_ptr, len_ptr, dy_ptr, hp_ptr, cp_ptr, sv_ptr, dhc
     rec = tl.zeros((BLOCK_H, BLOCK_B), dtype=tl.float32)
     if HAS_REC:
         rec = tl.load(rec_ptr + b * H + u, mask=(u < H) & (b < B), other=0.0).to(tl.float32)
+    dhc, dcc = _bwd_state(u, b, B, H, dhc_ptr, dcc_ptr, MODE)
     if FINAL:
-        _bwd_final(rec, u, b, B, H, dhc_ptr, dcc_ptr, dh0_ptr, dc0_ptr, MODE)
+        _bwd_final(rec, dhc, dcc, u, b, B, H, dh0_ptr, dc0_ptr, MODE)
     else:
-        _bwd_cell(s, rec, u, b, T, B, H, dy_ptr, len_ptr, hp_ptr, cp_ptr, sv_ptr, dhc_ptr, dcc_ptr,
-                  dgh_ptr, dgx_ptr, dgbuf_ptr, MODE, HAS_LEN, REVERSE)
+        active, tt, dy, q0, q1, q2, q3, prev = _bwd_loads(s, u, b, T, B, H, dy_ptr, len_ptr, hp_ptr, cp_ptr,
+                                                          sv_ptr, MODE, HAS_LEN, REVERSE)
+        dhc, dcc = _bwd_cell(rec, dhc, dcc, active, tt, dy, q0, q1, q2, q3, prev, s, u, b, B, H, dgh_ptr, dgx_ptr,
+                             dgbuf_ptr, MODE)
+        m = (u < H) & (b < B)
+        tl.store(dhc_ptr + b * H + u, dhc, mask=m)
+        if MODE == 2:
+            tl.store(dcc_ptr + b * H + u, dcc, mask=m)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -547,6 +589,10 @@ FWD_EARLY_LOADS: bool | str = "auto"
 # and a cell launch a step (benchmarks). FWD_STEP_CONFIG overrides fwd_step_config's pick (benchmarks).
 FWD_STEP_FUSED = True
 FWD_STEP_CONFIG: tuple[int, int, int, int, int] | None = None
+# The persistent backward's cell inputs issued before the barrier of the step ahead (EARLY_LOADS) or after the
+# dot. "auto": early (docs/rnn.md, session 19: after the dot the compiler converted each load to the dot's layout
+# right where it was loaded, eight serial L2 / HBM waits a step). True / False force one form (tests, benchmarks).
+BWD_EARLY_LOADS: bool | str = "auto"
 BWD_BLOCK_K = 256  # K chunk of the persistent backward's per-step dot (W_hh read from L1/L2 chunk by chunk)
 _BLOCK_B: dict[tuple, int] = {}  # (pass, H, mode, dtype, B, precision) -> BLOCK_B that compiled; 0: none did
 
@@ -722,7 +768,8 @@ def rnn_backward(dy: torch.Tensor, dhn: torch.Tensor, dcn: torch.Tensor | None, 
             try:
                 rnn_bwd_persistent_kernel[(grid, -(-B // bb))](
                     w_hh, lens, dy, hp, cp_, sv, dhc, dcc, dgh, dgx, dgbuf, dh0, dc0 if lstm else dh0, sync, T, B, H,
-                    **flags, BLOCK_H=bh, BLOCK_B=bb, BLOCK_K=bk, PRECISION=_precision(dt), num_warps=warps)
+                    **flags, BLOCK_H=bh, BLOCK_B=bb, BLOCK_K=bk, PRECISION=_precision(dt),
+                    EARLY_LOADS=BWD_EARLY_LOADS is not False, num_warps=warps)
             except OutOfResources:
                 continue
             _BLOCK_B[key] = bb
