@@ -19,7 +19,7 @@ from ge2.kernels import gemm_ws
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                                  reason="the Gluon kernel runs on sm_90 only"),
-              pytest.mark.skipif(not gemm_ws.USE_WS, reason="gemm_ws.USE_WS is off: the kernel is not in use yet")]
+              pytest.mark.skipif(not gemm_ws.USE_WS, reason="gemm_ws.USE_WS is off (GE2_GEMM_WS=1 turns it on)")]
 CONFIGS = gemm_ws.WS_CONFIGS
 
 LAYOUTS = list(itertools.product((False, True), (False, True)))  # (trans_a, trans_b): K- or MN-major operands
@@ -55,7 +55,7 @@ def test_every_config_and_layout(index, trans_a, trans_b, monkeypatch):
     """Each config alone, every operand layout, ragged M and N (TMA clips the stores) and a K that
     is not a multiple of BLOCK_K (the loads zero-fill); bias per column, gelu with Z saved."""
     ran = _only(CONFIGS[index], monkeypatch)
-    M, N, K = 2999, 1560, 776  # 24 x 13 tiles of 128x128: more than two per SM
+    M, N, K = 3000, 1560, 776  # 24 x 13 tiles of 128x128 (more than two per SM); 16-byte rows either way
     a = _operand(M, K, trans_a, dtype=torch.bfloat16, seed=3)
     b = _operand(K, N, trans_b, dtype=torch.bfloat16, seed=4)
     attrs = dict(trans_a=trans_a, trans_b=trans_b, alpha=1.0, beta=0.0, bias_kind="per_n", act="gelu", act_alpha=0.01)
