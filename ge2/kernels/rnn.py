@@ -283,13 +283,25 @@ def _gate(acc3, g: tl.constexpr, NGP: tl.constexpr):
 
 
 @triton.jit
-def _grid_sync(sync_ptr, target):
-    """Grid-wide barrier: count arrivals on a global counter and spin until all programs of this step came."""
+def _grid_arrive(sync_ptr):
+    """The first half of ``_grid_sync``: count this program in (its stores of this step released)."""
     tl.debug_barrier()  # every thread's stores of this step are issued before the release below
     tl.atomic_add(sync_ptr, 1, sem="release")
+
+
+@triton.jit
+def _grid_wait(sync_ptr, target):
+    """The second half of ``_grid_sync``: spin until all programs of this step came."""
     while tl.atomic_add(sync_ptr, 0, sem="acquire") < target:
         pass
     tl.debug_barrier()
+
+
+@triton.jit
+def _grid_sync(sync_ptr, target):
+    """Grid-wide barrier: count arrivals on a global counter and spin until all programs of this step came."""
+    _grid_arrive(sync_ptr)
+    _grid_wait(sync_ptr, target)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -387,8 +399,9 @@ def rnn_bwd_persistent_kernel(w_ptr, len_ptr, dy_ptr, hp_ptr, cp_ptr, sv_ptr, dh
     """All T steps backwards; program (p, q) owns units p and batch rows q. Batch rows never mix, so only
     the programs of one row block meet at a barrier (a counter per row block). dhc / dcc stay in registers.
 
-    EARLY_LOADS: step s-1's cell inputs (``_bwd_loads``) are issued at the end of step s, before the barrier,
-    and carried through the loop; the compiler converts them to the dot's layout where they are used, after
+    EARLY_LOADS: step s-1's cell inputs (``_bwd_loads``) are issued at the end of step s, once this program has
+    counted itself in at the barrier (so their latency neither delays its arrival nor follows the dot), and
+    carried through the loop; the compiler converts them to the dot's layout where they are used, after
     the next dot, instead of right after each load (one L2 / HBM wait each, in series, after the dot)."""
     nprog = tl.num_programs(0)
     u = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]
@@ -410,10 +423,11 @@ def rnn_bwd_persistent_kernel(w_ptr, len_ptr, dy_ptr, hp_ptr, cp_ptr, sv_ptr, dh
                                                               sv_ptr, MODE, HAS_LEN, REVERSE)
         dhc, dcc = _bwd_cell(rec, dhc, dcc, active, tt, dy, q0, q1, q2, q3, prev, s, u, b, B, H, dgh_ptr, dgx_ptr,
                              dgbuf_ptr, MODE)
-        if EARLY_LOADS:  # step s-1's (the last step reloads step 0's, unused)
+        _grid_arrive(sync)
+        if EARLY_LOADS:  # step s-1's (the last step reloads step 0's, unused), in flight while the others arrive
             active, tt, dy, q0, q1, q2, q3, prev = _bwd_loads(tl.maximum(s - 1, 0), u, b, T, B, H, dy_ptr, len_ptr,
                                                               hp_ptr, cp_ptr, sv_ptr, MODE, HAS_LEN, REVERSE)
-        _grid_sync(sync, nprog * (i + 1))
+        _grid_wait(sync, nprog * (i + 1))
     rec = _dgates_dot(w_ptr, dgbuf_ptr, u, b, B, H, G, BLOCK_H, BLOCK_B, BLOCK_K, PRECISION)
     _bwd_final(rec, dhc, dcc, u, b, B, H, dh0_ptr, dc0_ptr, MODE)
 
