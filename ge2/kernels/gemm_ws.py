@@ -229,12 +229,11 @@ def launch(a_view, b_view, y: torch.Tensor, *, z: torch.Tensor | None, bias: tor
     can read, outputs whose rows TMA can write, and problems with at least two 128x128 tiles per SM
     (fewer leave the second consumer idle: the Triton kernel, with its split tail, does better).
     """
-    from ge2.kernels import gemm
-
     a, _, batch, M, K = a_view
     N = b_view[4]
     if not USE_WS or batch != 1 or a.dtype not in (torch.bfloat16, torch.float16) or M * N * K < WS_MIN_PROBLEM:
         return False
+    from ge2.kernels import gemm  # here: gemm imports this module on first use
     if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device)[0] != 9:
         return False
     num_sms = gemm._sm_count(a.device)
