@@ -91,15 +91,19 @@ def test_same_bits_every_call_and_no_tile_left(monkeypatch):
 
 
 def test_declines_what_it_cannot_take():
-    """Too few tiles, a C operand, a non-16-bit operand, unaligned output rows: the Triton kernels run."""
+    """Too few tiles, a non-16-bit operand, unaligned output rows: the Triton kernels run."""
+    sms = gemm_kernels._sm_count(torch.device("cuda"))
+
+    def takes(x, w, y):
+        operands = gemm_kernels._tma_operands(gemm_kernels._view(x, False), gemm_kernels._view(w, False))
+        assert operands is not None, "TMA must be able to read the operands: the case is about something else"
+        return gemm_ws.launch(operands, x.shape[0], w.shape[1], x.shape[1], y, z=None, bias=None, bias_kind=0,
+                              act=0, act_alpha=0.01, alpha=1.0, num_sms=sms)
+
     x, w = randn(256, 512, dtype=torch.bfloat16, seed=1), randn(512, 512, dtype=torch.bfloat16, seed=2)
-    y = torch.empty(256, 512, dtype=torch.bfloat16, device=x.device)
-    args = dict(z=None, bias=None, bias_kind=0, act=0, act_alpha=0.01, alpha=1.0)
-    assert not gemm_ws.launch(gemm_kernels._view(x, False), gemm_kernels._view(w, False), y, **args)
+    assert not takes(x, w, torch.empty(256, 512, dtype=torch.bfloat16, device=x.device))
     big_x = randn(4096, 1024, dtype=torch.float32, seed=3)
     big_w = randn(1024, 4096, dtype=torch.float32, seed=4)
-    y32 = torch.empty(4096, 4096, dtype=torch.float32, device=x.device)
-    assert not gemm_ws.launch(gemm_kernels._view(big_x, False), gemm_kernels._view(big_w, False), y32, **args)
-    xb, wb = big_x.bfloat16(), big_w.bfloat16()
+    assert not takes(big_x, big_w, torch.empty(4096, 4096, dtype=torch.float32, device=x.device))
     y_odd = torch.empty(4096, 4100, dtype=torch.bfloat16, device=x.device)[:, :4096]  # rows of 8200 bytes
-    assert not gemm_ws.launch(gemm_kernels._view(xb, False), gemm_kernels._view(wb, False), y_odd, **args)
+    assert not takes(big_x.bfloat16(), big_w.bfloat16(), y_odd)

@@ -593,8 +593,8 @@ def _tma_operands(a_view, b_view):
     return tuple(operands)
 
 
-def _tma_descriptors(a_view, b_view, round_tf32: bool = False):
-    """(a_desc, b_desc, a_kmajor, b_kmajor) when the TMA kernel can take these operands, else None.
+def _tma_descriptors(operands, round_tf32: bool = False):
+    """(a_desc, b_desc, a_kmajor, b_kmajor) of the TMA kernel from ``_tma_operands``' answer.
 
     With ``round_tf32`` the descriptors round fp32 to tf32 if this Triton lets them (``_tma_rounding``).
     """
@@ -603,9 +603,6 @@ def _tma_descriptors(a_view, b_view, round_tf32: bool = False):
     rounding = _tma_rounding() if round_tf32 else None
     if rounding is not None:
         TensorDescriptor = functools.partial(rounding, round_f32_to_tf32=True)  # noqa: N806
-    operands = _tma_operands(a_view, b_view)
-    if operands is None:
-        return None
     (a, a_shape, a_strides, a_kmajor), (b, b_shape, b_strides, b_kmajor) = operands
     return (TensorDescriptor(a, a_shape, a_strides, [16, 16]), TensorDescriptor(b, b_shape, b_strides, [16, 16]),
             a_kmajor, b_kmajor)
@@ -682,14 +679,15 @@ def _launch(a_view, b_view, y, *, z=None, c=None, bias=None, bias_kind=0, act=0,
                         act_alpha=act_alpha, alpha=alpha, beta=beta, precision=precision, round_tf32=round_tf32)
         return
     fma = a.dtype == torch.float32 and precision == "ieee"  # CUDA-core tiles: TMA buys nothing there
-    tma = (_tma_descriptors(a_view, b_view, round_tf32) if USE_TMA and not reduce_batch and not fma
-           and not runtime.is_interpreter() and M * N * K >= SMALL_PROBLEM and _tma_sms(a.device) else None)
-    if tma is not None and c is None and _gemm_ws().launch(a_view, b_view, y, z=z, bias=bias, bias_kind=bias_kind,
-                                                        act=act, act_alpha=act_alpha, alpha=alpha):
+    num_sms = (_tma_sms(a.device) if USE_TMA and not reduce_batch and not fma and not runtime.is_interpreter()
+               and M * N * K >= SMALL_PROBLEM else 0)
+    operands = _tma_operands(a_view, b_view) if num_sms else None
+    if operands is not None and c is None and _gemm_ws().launch(operands, M, N, K, y, z=z, bias=bias,
+                                                             bias_kind=bias_kind, act=act, act_alpha=act_alpha,
+                                                             alpha=alpha, num_sms=num_sms):
         return
-    if tma is not None:
-        a_desc, b_desc, a_kmajor, b_kmajor = tma
-        num_sms = _tma_sms(a.device)
+    if operands is not None:
+        a_desc, b_desc, a_kmajor, b_kmajor = _tma_descriptors(operands, round_tf32)
         ptrs, strides = _epilogue_operands(y, z, c, bias)
         split_tail = _split_tail_on(M, N, K, num_sms)
         # One program per SM; fewer when there are fewer tiles, except with a split tail, whose

@@ -221,32 +221,26 @@ def gemm_ws_kernel(a_desc, b_desc, y_desc, z_desc, bias_ptr, M, N, K, stride_bia
     # compute-sanitizer: two arrive.expect_tx per slot, a launch failure); registers are given per warpgroup anyway
 
 
-def launch(a_view, b_view, y: torch.Tensor, *, z: torch.Tensor | None, bias: torch.Tensor | None, bias_kind: int,
-           act: int, act_alpha: float, alpha: float) -> bool:
+def launch(operands, M: int, N: int, K: int, y: torch.Tensor, *, z: torch.Tensor | None,
+           bias: torch.Tensor | None, bias_kind: int, act: int, act_alpha: float, alpha: float, num_sms: int) -> bool:
     """Run Y (and Z) [M, N] = act(alpha * op(A) @ op(B) + bias) here if this kernel applies; False if not.
 
-    ``a_view``/``b_view`` as in ``gemm._launch``. It applies on sm_90 to 2-D 16-bit operands that TMA
-    can read, outputs whose rows TMA can write, and problems with at least two 128x128 tiles per SM
-    (fewer leave the second consumer idle: the Triton kernel, with its split tail, does better).
+    ``operands``: ``gemm._tma_operands`` of op(A), op(B) (the caller has them: TMA can read both). It
+    applies on sm_90 to 16-bit operands, outputs whose rows TMA can write, and problems with at least
+    two 128x128 tiles per SM (fewer leave the second consumer idle: the Triton kernel, with its split
+    tail, does better).
     """
-    a, _, batch, M, K = a_view
-    N = b_view[4]
-    if not USE_WS or batch != 1 or a.dtype not in (torch.bfloat16, torch.float16) or M * N * K < WS_MIN_PROBLEM:
+    (a, a_shape, a_strides, a_kmajor), (b, b_shape, b_strides, b_kmajor) = operands
+    if not USE_WS or a.dtype not in (torch.bfloat16, torch.float16) or M * N * K < WS_MIN_PROBLEM:
         return False
-    from ge2.kernels import gemm  # here: gemm imports this module on first use
     if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device)[0] != 9:
         return False
-    num_sms = gemm._sm_count(a.device)
     if runtime.cdiv(M, 128) * runtime.cdiv(N, 128) < 2 * num_sms:
         return False
     outputs = [y] + ([z] if z is not None else [])
     if any(t.dim() != 2 or t.dtype not in _GL_DTYPES or t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16
            or t.data_ptr() % 16 for t in outputs):
         return False
-    operands = gemm._tma_operands(a_view, b_view)
-    if operands is None:
-        return False
-    (a, a_shape, a_strides, a_kmajor), (b, b_shape, b_strides, b_kmajor) = operands
     descs = [_descriptor(t, shape, strides) for t, shape, strides in
              ((a, a_shape, a_strides), (b, b_shape, b_strides), (y, [M, N], [y.stride(0), 1]))]
     descs.append(_descriptor(z, [M, N], [z.stride(0), 1]) if z is not None else descs[2])
