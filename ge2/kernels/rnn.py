@@ -648,7 +648,7 @@ def _launch_persistent(kernel, key: tuple, bb: int, grid: int, *args, smallest: 
     """Launch with the largest BLOCK_B in [smallest, bb] whose shared memory fits (halving on OutOfResources);
     False if none."""
     bb = _BLOCK_B.get(key, bb)
-    while bb >= max(smallest, 1):
+    while bb >= smallest:
         try:
             kernel[(grid,)](*args, **meta, BLOCK_B=bb)
             _BLOCK_B[key] = bb
