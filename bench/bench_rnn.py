@@ -39,8 +39,8 @@ PREDICTION = ("backward (session 19, A2): the persistent backward's cell inputs 
 
 BASELINE = None  # --baseline: an earlier kernels/rnn.py, its rnn_forward timed beside this one's
 FORMS = True  # --no-forms: time only the default path (rec_fwd_ms), not each form of the forward
-STEP_CONFIGS: list[tuple[int, ...]] = []
-BWD_FORMS = False  # --bwd-forms: time the persistent backward with each load order (kernels.rnn.BWD_EARLY_LOADS)  # --step-configs: fused stepwise forward configs timed beside the default
+STEP_CONFIGS: list[tuple[int, ...]] = []  # --step-configs: fused stepwise forward configs timed beside the default
+BWD_FORMS = False  # --bwd-forms: time the persistent backward with each load order (kernels.rnn.BWD_EARLY_LOADS)
 
 
 def _modules(cls: str, hidden: int, dtype: torch.dtype, device):
@@ -53,7 +53,7 @@ def _modules(cls: str, hidden: int, dtype: torch.dtype, device):
 
 def _graph_and_parts(name, g_fn, t_fn, mod, x, mode, dtype) -> dict:
     """CUDA-graph replay times (no host launch cost) of both sides, and of ge2's recurrence kernels alone."""
-    from bench.harness import time_ms
+    from bench.harness import switched, time_ms
     from ge2.backend import call
 
     out = {}
@@ -100,33 +100,27 @@ def _graph_and_parts(name, g_fn, t_fn, mod, x, mode, dtype) -> dict:
     if BASELINE is not None:
         variants.append(("baseline", BASELINE, {}, None))
     for tag, mod_, switches, path in variants:
-        old = {k: getattr(mod_, k) for k in switches}
-        for k, v in switches.items():
-            setattr(mod_, k, v)
         try:
-            out[f"rec_fwd_{tag}_ms"] = time_ms(lambda: mod_.rnn_forward(gx, w, None, h0, c0, None, mode=mode,
-                                                                       reverse=False, save=save, path=path), 10, 50,
-                                               cuda_graph=True)
+            with switched(mod_, **switches):
+                out[f"rec_fwd_{tag}_ms"] = time_ms(lambda: mod_.rnn_forward(gx, w, None, h0, c0, None, mode=mode,
+                                                                           reverse=False, save=save, path=path),
+                                                   10, 50, cuda_graph=True)
         except Exception as e:  # noqa: BLE001 (recorded, not fatal)
             out[f"rec_fwd_{tag}_ms"] = f"{type(e).__name__}: {e}"[:120]
-        finally:
-            for k, v in old.items():
-                setattr(mod_, k, v)
     if save:
         dy = torch.randn(T, B, H, device=x.device, dtype=dtype)
         out["rec_bwd_ms"] = time_ms(lambda: call("rnn_backward", dy, h0, c0, w, None, *res[3:], mode=kname,
                                                  reverse=False), 10, 50, cuda_graph=True)
         # --bwd-forms: the persistent backward's cell inputs issued before the barrier (early) or after the dot (late)
         for tag, early in (("early", True), ("late", False)) if BWD_FORMS else ():
-            old_early, K.BWD_EARLY_LOADS = K.BWD_EARLY_LOADS, early
             try:
-                out[f"rec_bwd_{tag}_ms"] = time_ms(lambda: K.rnn_backward(dy, h0, c0, w, None, *res[3:], mode=mode,
-                                                                          reverse=False, path="persistent"), 10, 50,
-                                                   cuda_graph=True)
+                with switched(K, BWD_EARLY_LOADS=early):
+                    out[f"rec_bwd_{tag}_ms"] = time_ms(lambda: K.rnn_backward(dy, h0, c0, w, None, *res[3:],
+                                                                              mode=mode, reverse=False,
+                                                                              path="persistent"), 10, 50,
+                                                       cuda_graph=True)
             except Exception as e:  # noqa: BLE001 (recorded, not fatal)
                 out[f"rec_bwd_{tag}_ms"] = f"{type(e).__name__}: {e}"[:120]
-            finally:
-                K.BWD_EARLY_LOADS = old_early
     out["block_b"] = fwd_bb + "/" + str(K._BLOCK_B.get(("bwd", H, mode, dtype, B, prec), "-"))
     return out
 

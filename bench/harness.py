@@ -17,13 +17,14 @@ replays with ``Bench(..., cuda_graph=True)`` (kernel time without host launch ov
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import triton
@@ -49,6 +50,19 @@ def time_ms(fn: Callable[[], Any], warmup_ms: int = 25, rep_ms: int = 100, cuda_
     if cuda_graph:
         return float(triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+@contextlib.contextmanager
+def switched(module: Any, **values: Any) -> Iterator[None]:
+    """Set a kernel module's switches (``SPLIT_TAIL=False``, ...) for the ``with`` block, then restore them."""
+    old = {name: getattr(module, name) for name in values}
+    for name, value in values.items():
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in old.items():
+            setattr(module, name, value)
 
 
 def host_us(fn: Callable[[], Any], n: int, warmup: int = 3) -> float:

@@ -96,7 +96,7 @@ def host_profile(step, steps: int, rows: int) -> None:
 
 def _gemm_signature(a_view, b_view, y, kw) -> tuple:
     """What picks a GEMM's kernel and config: sizes, operand majorness, dtypes, epilogue."""
-    (a, (_, sam, sak), batch, M, K), (b, (_, sbk, sbn), _, _, N) = a_view, b_view
+    (a, (_, _, sak), batch, M, K), (_, (_, sbk, _), _, _, N) = a_view, b_view
     epilogue = tuple(sorted((k, v if isinstance(v, (int, float, str, bool)) else v is not None)
                             for k, v in kw.items() if v is not None))
     return (M, N, K, batch, sak == 1, sbk == 1, str(a.dtype).split(".")[1], str(y.dtype).split(".")[1], epilogue)
@@ -105,13 +105,11 @@ def _gemm_signature(a_view, b_view, y, kw) -> tuple:
 def _switched(module, name: str, value, launch, a_view, b_view, y, kw):
     """A call of ``launch`` with ``module.name`` set to ``value`` meanwhile; run once here (tuned
     outside any graph capture)."""
+    from bench.harness import switched
+
     def run():
-        old = getattr(module, name)
-        setattr(module, name, value)
-        try:
+        with switched(module, **{name: value}):
             return launch(a_view, b_view, y, **kw)
-        finally:
-            setattr(module, name, old)
     run()
     return run
 
