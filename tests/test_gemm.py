@@ -397,13 +397,19 @@ def _without_tf32_ties(t: torch.Tensor) -> torch.Tensor:
 TMA_CONFIGS = gemm_kernels.TMA_CONFIGS_16BIT + gemm_kernels.TMA_CONFIGS_FP32
 
 
+def only_config(kernel, cfg, monkeypatch) -> None:
+    """Leave cfg the only config of an autotuned kernel, and forget its earlier picks (in one
+    process, another config's)."""
+    for name, value in (("configs", [cfg]), ("best_config", None), ("cache", {}), ("_fast", {})):
+        monkeypatch.setattr(kernel, name, value, raising=name != "best_config")
+
+
 def _tma_case(cfg, monkeypatch, M: int, N: int, K: int, seed: int):
     """(fp32, x [M, K], W [N, K], bias [N], Linear+gelu attrs) in cfg's dtype, with only cfg left to run
     (and the picks of earlier calls of this shape forgotten: in one process, another config's)."""
     fp32 = cfg in gemm_kernels.TMA_CONFIGS_FP32
     dtype = torch.float32 if fp32 else torch.bfloat16
-    for name, value in (("configs", [cfg]), ("best_config", None), ("cache", {}), ("_fast", {})):
-        monkeypatch.setattr(gemm_kernels.gemm_tma_kernel, name, value, raising=name != "best_config")
+    only_config(gemm_kernels.gemm_tma_kernel, cfg, monkeypatch)
     monkeypatch.setattr(gemm_kernels._gemm_ws(), "USE_WS", False)  # these shapes would go to the Gluon kernel
     x, w = randn(M, K, dtype=dtype, seed=seed), randn(N, K, dtype=dtype, seed=seed + 1)
     if fp32:  # for the tf32-rounding check: no operand exactly between two tf32 values

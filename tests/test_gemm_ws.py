@@ -13,7 +13,7 @@ import torch
 from ge2.backend import call
 from ge2.kernels import gemm as gemm_kernels
 from tests.numerics import assert_matches, randn
-from tests.test_gemm import _bias, _operand, _reference
+from tests.test_gemm import _bias, _operand, _reference, only_config
 
 from ge2.kernels import gemm_ws
 
@@ -27,9 +27,7 @@ LAYOUTS = list(itertools.product((False, True), (False, True)))  # (trans_a, tra
 
 def _only(cfg, monkeypatch):
     """Leave cfg the only config (and forget earlier picks), and record whether the kernel ran."""
-    kernel = gemm_ws.gemm_ws_kernel
-    for name, value in (("configs", [cfg]), ("best_config", None), ("cache", {}), ("_fast", {})):
-        monkeypatch.setattr(kernel, name, value, raising=name != "best_config")
+    only_config(gemm_ws.gemm_ws_kernel, cfg, monkeypatch)
     ran = []
     launch = gemm_ws.launch
     monkeypatch.setattr(gemm_ws, "launch", lambda *a, **k: ran.append(launch(*a, **k)) or ran[-1])
