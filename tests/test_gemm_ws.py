@@ -65,7 +65,8 @@ def test_every_config_and_layout(index, trans_a, trans_b, monkeypatch):
                                                ("gelu", "per_m", torch.float32), ("gelu_tanh", "none", None)])
 def test_epilogues(act, bias_kind, out, monkeypatch):
     """Every bias kind, activations with and without Z, alpha != 1, fp16 and an fp32 output."""
-    ran = _only(CONFIGS[0], monkeypatch)
+    out_bytes = (out or torch.bfloat16).itemsize  # a 4-deep ring and two fp32 output tiles overflow shared memory
+    ran = _only(next(c for c in CONFIGS if gemm_ws._smem_bytes(c.kwargs, out_bytes) <= gemm_ws.SMEM_BYTES), monkeypatch)
     M, N, K = 4103, 2056, 520
     dtype = torch.float16 if act == "silu" else torch.bfloat16
     a, b = randn(M, K, dtype=dtype, seed=7), randn(N, K, dtype=dtype, seed=8)
