@@ -496,6 +496,8 @@ def _layout_1x1(x: torch.Tensor, layout: str) -> torch.Tensor:
     if layout == "nhwc-sliced":  # channels 8..8+C of a wider channels-last tensor: pixel stride C + 11
         wide = torch.cat([x[:, :1].expand(-1, 8, -1, -1), x, x[:, :3]], dim=1)
         return wide.contiguous(memory_format=torch.channels_last)[:, 8:8 + x.shape[1]]
+    if layout == "nchw-sliced":  # channels 4..4+C of a wider NCHW tensor: image stride (C + 7)*H*W
+        return torch.cat([x[:, :1].expand(-1, 4, -1, -1), x, x[:, :3]], dim=1)[:, 4:4 + x.shape[1]]
     return _layout(x, layout)
 
 
@@ -553,6 +555,43 @@ def test_conv2d_1x1_gemm_gradient_layout_and_needs(monkeypatch):
     assert dx2 is None and db2 is None and torch.equal(dw2, dw)
     dx3, dw3, _ = call("conv2d_backward", gy, x, w, need_w=False)
     assert dw3 is None and torch.equal(dx3, dx)
+
+
+# NCHW 1x1 convs whose pixel rows are 16-byte aligned: conv_1x1's TMA kernel (forward and dX).
+# (N, C, H, W, K): C and K past the interpreter's 16-wide tiles, C not a 16-byte row (a padded W copy).
+CASES_1X1_TMA = [(2, 37, 4, 4, 33), (3, 8, 2, 8, 20)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["nchw", "nchw-sliced"])
+@pytest.mark.parametrize("shape", CASES_1X1_TMA, ids=lambda s: "x".join(map(str, s)))
+def test_conv2d_1x1_nchw_tma_kernel(shape, layout, dtype, monkeypatch):
+    from ge2.kernels import conv_1x1
+
+    monkeypatch.setattr(conv_1x1, "ENABLED", True)
+    x = _layout_1x1(randn(*shape[:4], dtype=dtype), layout)
+    assert conv_1x1.supports(x.flatten(2), shape[4])
+    _forbid_conv_kernels(monkeypatch)
+    counting = _Counting(conv_1x1.conv1x1_nchw_kernel)
+    monkeypatch.setattr(conv_1x1, "conv1x1_nchw_kernel", counting)
+    _check_conv_1x1(shape, layout, dtype, seed=93)
+    assert counting.launches == 2  # forward and dX (dW: the GEMM's per-image partials)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_conv2d_1x1_nchw_tma_kernel_activation_and_z(dtype, monkeypatch):
+    # gelu stashes Z (a second TMA store), relu takes act' from Y; unaligned pixel rows fall back.
+    from ge2.kernels import conv_1x1
+
+    monkeypatch.setattr(conv_1x1, "ENABLED", True)
+    counting = _Counting(conv_1x1.conv1x1_nchw_kernel)
+    monkeypatch.setattr(conv_1x1, "conv1x1_nchw_kernel", counting)
+    _check_conv_1x1((2, 9, 2, 8, 7), "nchw", dtype, act="gelu", seed=94)
+    _check_conv_1x1((2, 9, 4, 4, 7), "nchw", dtype, bias=False, act="relu", seed=95)
+    assert counting.launches == 4
+    assert not conv_1x1.supports(randn(2, 9, 15, dtype=dtype), 7)  # 15-pixel rows: not 16-byte aligned
+    _check_conv_1x1((2, 9, 3, 5, 7), "nchw", dtype, act="gelu", seed=96)
+    assert counting.launches == 4
 
 
 def test_conv2d_1x1_nchw_weight_gradient_fallback(monkeypatch):

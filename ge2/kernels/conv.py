@@ -60,7 +60,7 @@ import triton
 import triton.language as tl
 
 from ge2 import runtime
-from ge2.kernels import activations, conv_framed
+from ge2.kernels import activations, conv_1x1, conv_framed
 from ge2.kernels.activations import act_fwd, act_grad_from_y, act_grad_from_z
 from ge2.kernels.gemm import _launch, _precision, _tile_coords, bias_act_backward, gemm, sum_partials, tile_config
 
@@ -992,6 +992,13 @@ def _conv1x1(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n
     if nhwc:  # [N*H*W, K] contiguous is the channels-last output itself
         y, z = gemm(_rows(x, True), w2, trans_b=True, bias_kind="per_n" if bias is not None else "none", **kinds)
         shape, strides = (N, K, H, W), (H * W * K, 1, W * K, K)
+    elif conv_1x1.supports(_rows(x, False), K):  # X's boxes by TMA, read once (conv_1x1)
+        code = activations.act_code("conv2d", act, act_alpha)
+        y = torch.empty((N, K, H, W), dtype=x.dtype, device=x.device)
+        z = torch.empty_like(y) if save_z and activations.needs_z(code) else None
+        conv_1x1.conv1x1_nchw(_rows(x, False), conv_framed._weight_rows(weight), y.view(N, K, H * W),
+                              z.view(N, K, H * W) if z is not None else None, bias, code, act_alpha)
+        return y, z
     else:
         x3 = _rows(x, False)
         a, b = (w2, x3[0]) if N == 1 else (w2.expand(N, K, C), x3)  # one image: a 2-D GEMM (TMA-eligible)
@@ -1030,6 +1037,8 @@ def _conv1x1_backward(gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, s
         if nhwc:  # dX [M, C] = gZ [M, K] @ W [K, C]
             _launch(_gemm_view(gz, M, K, gz.stride(0), gz.stride(1)), _gemm_view(w2, K, C, w2.stride(0), w2.stride(1)),
                     dx.as_strided((M, C), (C, 1)))
+        elif conv_1x1.supports(gz, C):  # the forward's kernel on gZ with W^T's rows
+            conv_1x1.conv1x1_nchw(gz, conv_framed._weight_rows(weight, transposed=True), dx.view(N, C, HW))
         else:  # dX[n] [C, HW] = W^T [C, K] @ gZ[n] [K, HW]
             _launch(_gemm_view(w2, C, K, w2.stride(1), w2.stride(0), N, 0),
                     _gemm_view(gz, K, HW, gz.stride(1), gz.stride(2), N, gz.stride(0)),

@@ -1,0 +1,194 @@
+"""1x1 convolutions of NCHW tensors through TMA: Y[n] [K, H*W] = W [K, C] @ X[n] [C, H*W] (issue 26).
+
+A 1x1 NCHW conv is a GEMM per image whose X operand has the pixels innermost: MN-major. The GEMM
+module runs it batched through its pointer kernel (no TMA for batched problems), where tf32 meets
+MN-major tiles that its wgmma cannot read from shared memory (tf32 takes K-major operands only):
+36.6 us at 64x128x28^2 -> 128 against cuDNN's 24.7, for a problem that moves 51 MB (~17 us at
+3 TB/s). ``conv1x1_nchw_kernel`` reads X by a 3-D TMA descriptor over [N, C, H*W] (one box a
+(image, channel block, pixel block) step, zero-filled past C and H*W: no masks, tf32 rounding by
+the copy engine) and writes Y by another over [N, K, H*W]:
+
+* fp32 (tf32 / tf32x3): Y^T tile [pixels, out channels] += X^T [pixels, C] @ W^T [C, out]. X^T is
+  wgmma's *first* operand, which may come from registers in any layout (the MN-major box is read
+  out of shared memory into them); W [K, C] is K-major as it is, so the second operand stays in
+  shared memory. No transposed copy of X, no on-chip transposing store.
+* 16-bit: Y tile [out channels, pixels] += W [out, C] @ X [C, pixels]: 16-bit wgmma reads the
+  MN-major X box from shared memory directly.
+
+dX of the same conv is the same kernel on gZ [N, K, H*W] with W^T as the weight (``_weight_rows``'s
+transposed rows: the reduction, K, innermost). Persistent configs loop over the tiles so that the
+next tile's boxes stream in during this one's epilogue (the problem is memory-bound: every tile is
+2 short reduction steps at C = 128).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ge2 import runtime
+from ge2.kernels.activations import act_fwd
+from ge2.kernels.conv_framed import _descriptor, _weight_rows
+from ge2.kernels.gemm import _precision, _sm_count, _tma_sms
+
+# off: NCHW 1x1 convs take the GEMM module's batched kernel (A/B comparisons); on once verified on the H100
+ENABLED = os.environ.get("GE2_CONV_1X1_TMA", "0") == "1"
+
+
+def _block_shapes(nargs) -> None:
+    """The descriptors' box shapes follow the config (set before each launch)."""
+    bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+    nargs["x_desc"].block_shape = [1, bk, bm]
+    nargs["w_desc"].block_shape = [bn, bk]
+    nargs["y_desc"].block_shape = [1, bn, bm]
+    if nargs["z_desc"] is not None:
+        nargs["z_desc"].block_shape = [1, bn, bm]
+
+
+def _cfg(bm, bn, bk, warps, stages, persistent) -> triton.Config:
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "PERSISTENT": persistent},
+                         num_warps=warps, num_stages=stages, pre_hook=_block_shapes)
+
+
+# (BLOCK_M pixels, BLOCK_N out channels, warps, stages, PERSISTENT programs per SM); 16-bit operands
+# take 64-deep reduction steps, fp32 ones 32-deep (the same bytes a stage).
+_TILES = [(128, 128, 4, 3, 1), (128, 128, 4, 4, 1), (128, 128, 8, 4, 1), (128, 128, 8, 3, 0), (64, 128, 4, 4, 2),
+          (64, 128, 4, 6, 1), (128, 64, 4, 4, 2), (256, 128, 8, 2, 1), (64, 256, 8, 3, 1)]
+CONFIGS_16 = [_cfg(bm, bn, 64, w, st, p) for bm, bn, w, st, p in _TILES]
+CONFIGS_32 = [_cfg(bm, bn, 32, w, st, p) for bm, bn, w, st, p in _TILES]
+INTERPRETER_CONFIG = _cfg(16, 16, 16, 4, 1, 1)
+
+
+def _prune(configs, named_args, **kwargs):
+    """The configs of the operand width, at most one power of two wider than the output channels."""
+    a = {**named_args, **kwargs}
+    space = CONFIGS_16 if a["OPERAND_BYTES"] <= 2 else CONFIGS_32
+    k = triton.next_power_of_2(a["K"])
+    return [c for c in configs if c in space and c.kwargs["BLOCK_N"] <= max(64, k)] or space[-1:]
+
+
+@runtime.autotune(CONFIGS_16 + CONFIGS_32,
+                  key=["Nb", "HW", "K", "C", "OPERAND_BYTES", "PRECISION", "ACT", "SAVE_Z"],
+                  exact_keys=("ACT",), default=INTERPRETER_CONFIG,
+                  prune_configs_by={"early_config_prune": _prune}, do_bench=runtime.tuning_bench)
+@triton.jit(do_not_specialize=["Nb"])
+def conv1x1_nchw_kernel(
+    x_desc, w_desc, y_desc, z_desc, bias_ptr,
+    Nb, HW, K, C, sbias, act_alpha,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SAVE_Z: tl.constexpr,
+    OPERAND_BYTES: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PERSISTENT: tl.constexpr,
+):
+    """[BLOCK_N out channels, BLOCK_M pixels] tiles of one image of Y = act(W @ X + bias): one a
+    program, or (PERSISTENT) every num_programs-th, tile and step loops flattened.
+
+    x_desc: X [N, C, H*W]; w_desc: W [K, C] (reduction innermost); y_desc, z_desc: [N, K, H*W].
+    """
+    if PERSISTENT:
+        num_tiles = Nb * tl.cdiv(HW, BLOCK_M) * tl.cdiv(K, BLOCK_N)
+        for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
+            _tile(tile, x_desc, w_desc, y_desc, z_desc, bias_ptr, HW, K, C, sbias, act_alpha, HAS_BIAS, ACT,
+                  SAVE_Z, OPERAND_BYTES, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        _tile(tl.program_id(0), x_desc, w_desc, y_desc, z_desc, bias_ptr, HW, K, C, sbias, act_alpha, HAS_BIAS,
+              ACT, SAVE_Z, OPERAND_BYTES, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _tile(
+    tile, x_desc, w_desc, y_desc, z_desc, bias_ptr, HW, K, C, sbias, act_alpha,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SAVE_Z: tl.constexpr,
+    OPERAND_BYTES: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Tile ``tile`` of conv1x1_nchw_kernel."""
+    n_tiles = tl.cdiv(K, BLOCK_N)
+    m_tiles = tl.cdiv(HW, BLOCK_M)
+    # Output-channel tiles fastest: the programs that read one X box run side by side.
+    n0 = (tile % n_tiles) * BLOCK_N
+    rest = tile // n_tiles
+    m0 = (rest % m_tiles) * BLOCK_M
+    img = rest // m_tiles
+    if OPERAND_BYTES == 4:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for c0 in range(0, C, BLOCK_K):
+        # Channels past C: X's box is zero-filled there, and so is W's.
+        x = x_desc.load([img, c0, m0]).reshape(BLOCK_K, BLOCK_M)
+        w = w_desc.load([n0, c0])
+        if UPCAST:  # the interpreter cannot do 16-bit arithmetic; exact products either way
+            x = x.to(tl.float32)
+            w = w.to(tl.float32)
+        if OPERAND_BYTES == 4:  # tf32: the MN-major X^T as the register operand, W^T K-major in shared memory
+            acc = tl.dot(x.T, w.T, acc, input_precision=PRECISION, out_dtype=tl.float32)
+        else:  # 16-bit wgmma reads the MN-major X box where TMA put it
+            acc = tl.dot(w, x, acc, input_precision=PRECISION, out_dtype=tl.float32)
+    if OPERAND_BYTES == 4:
+        z = acc.T
+    else:
+        z = acc
+    if HAS_BIAS:
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        z += tl.load(bias_ptr + offs_n * sbias, mask=offs_n < K, other=0.0).to(tl.float32)[:, None]
+    if SAVE_Z:
+        z_desc.store([img, n0, m0], z.to(z_desc.dtype).reshape(1, BLOCK_N, BLOCK_M))
+    # The copy engine drops what falls past K or H*W.
+    y_desc.store([img, n0, m0], act_fwd(z, ACT, act_alpha).to(y_desc.dtype).reshape(1, BLOCK_N, BLOCK_M))
+
+
+def _dims(t: torch.Tensor) -> tuple[list[int], list[int]] | None:
+    """(shape, strides) of t [N, Ch, L] (pixels innermost) for a 3-D TMA descriptor, or None when TMA
+    cannot read it so: unit pixel stride, base and outer strides 16-byte aligned. A size-1 dim's
+    stride is never stepped: it gets an aligned one."""
+    N, Ch, L = t.shape
+    if t.data_ptr() % 16 or (L > 1 and t.stride(2) != 1):
+        return None
+    per = 16 // t.element_size()
+    shape, strides = [N, Ch, L], [t.stride(0), t.stride(1), 1]
+    span = L
+    for d in (1, 0):
+        if shape[d] == 1:
+            strides[d] = runtime.cdiv(span, per) * per
+        if strides[d] % per or strides[d] == 0:
+            return None
+        span = strides[d] * shape[d]
+    return shape, strides
+
+
+def supports(x: torch.Tensor, out_channels: int) -> bool:
+    """Whether ``conv1x1_nchw`` takes the 1x1 conv of x [N, C, H*W] (NCHW, pixels merged: the GEMM
+    view of ``conv.gemm_1x1_layout``) to ``out_channels``: TMA (Hopper, or the interpreter), 16-bit
+    or tensor-core fp32, x readable by a 3-D descriptor, the output's rows 16-byte aligned."""
+    if not ENABLED or x.dtype not in (torch.float16, torch.bfloat16, torch.float32) or x.numel() == 0:
+        return False
+    if x.dtype == torch.float32 and _precision(x.dtype) == "ieee":  # CUDA-core dots: the GEMM's FMA tiles
+        return False
+    if (x.shape[2] * x.element_size()) % 16 or _dims(x) is None or out_channels == 0:
+        return False
+    return runtime.is_interpreter() or (x.is_cuda and _tma_sms(x.device) > 0)
+
+
+def conv1x1_nchw(x: torch.Tensor, w_rows: torch.Tensor, out: torch.Tensor, z: torch.Tensor | None = None,
+                 bias: torch.Tensor | None = None, code: int = 0, act_alpha: float = 0.01) -> None:
+    """out [N, K, L] (unit pixel stride; and z) = act(W @ x[n] + bias) for x [N, C, L] as ``supports``
+    allows and w_rows [K, Cs] with the reduction innermost (``conv_framed._weight_rows``)."""
+    Nb, C, HW = x.shape
+    K = out.shape[1]
+    precision = _precision(x.dtype)
+    round_tf32 = precision == "tf32" and not runtime.is_interpreter()
+    x_desc, w_desc = _descriptor(x, round_tf32, *_dims(x)), _descriptor(w_rows, round_tf32)
+    y_desc = _descriptor(out, False, *_dims(out))
+    z_desc = _descriptor(z, False, *_dims(z)) if z is not None else None
+    tiles = lambda meta: Nb * runtime.cdiv(HW, meta["BLOCK_M"]) * runtime.cdiv(K, meta["BLOCK_N"])  # noqa: E731
+    grid = lambda meta: (min(tiles(meta), meta["PERSISTENT"] * _sm_count(x.device)) if meta["PERSISTENT"]  # noqa: E731
+                         else tiles(meta),)
+    conv1x1_nchw_kernel[grid](
+        x_desc, w_desc, y_desc, z_desc, bias if bias is not None else out,
+        Nb, HW, K, C, bias.stride(0) if bias is not None else 0, float(act_alpha),
+        HAS_BIAS=bias is not None, ACT=code, SAVE_Z=z is not None,
+        OPERAND_BYTES=x.element_size(), PRECISION=precision,
+        UPCAST=runtime.is_interpreter() and x.element_size() == 2,
+    )
