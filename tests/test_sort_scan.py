@@ -235,6 +235,42 @@ def test_topk_radix_select(monkeypatch, programs, atomic):
     assert same(values, ref.values) and same(torch.gather(x, 1, indices[:, None])[:, 0], values)
 
 
+@pytest.mark.parametrize("block", [32, 16])
+def test_topk_row_select(monkeypatch, block):
+    """The select with one program a row (SELECT_ROW): digit passes counted in registers, then the
+    row walked in order (ties at the k-th key: lowest index first, no index digits)."""
+    monkeypatch.setattr(SO, "PACKED_SORT", True)
+    monkeypatch.setattr(SO, "TILE", 8)
+    monkeypatch.setattr(SO, "SELECT_MIN_K", 1)
+    monkeypatch.setattr(SO, "SELECT_ROW_MIN_M", 1)
+    monkeypatch.setattr(SO, "SELECT_ROW_BLOCK", block)
+
+    def refuse(*args):
+        raise AssertionError("the multi-program select ran")
+
+    monkeypatch.setattr(SO, "select_rows", refuse)
+    x = (2 * sample(3, 70, seed=35)).round()  # ties at the k-th place
+    x[1, 5] = x[1, 60] = math.nan
+    x[0, 3], x[0, 9], x[0, 40] = -0.0, 0.0, -0.0
+    for k, largest in ((1, True), (40, False), (69, True)):
+        check_topk(x, k, largest=largest)
+    check_topk(sample(2, 100, seed=36).to(torch.bfloat16), 9)  # distinct keys: stops after the key's digits
+    check_topk((5 * sample(3, 45, seed=37)).round().to(torch.int32).T, 20, dim=0, largest=False)  # strided
+    values, indices = call("kthvalue", x, k=30, dim=1)
+    ref = torch.kthvalue(x, 30, dim=1)
+    assert same(values, ref.values) and same(torch.gather(x, 1, indices[:, None])[:, 0], values)
+
+
+@pytest.mark.skipif(not LARGE, reason="large shapes run on the GPU")
+def test_large_row_select():
+    """The bench's k = 1024 over rows of 32k and 128k, with rows enough for one program a row."""
+    for rows, n in ((40, 32768 + 3), (SO.SELECT_ROW_MIN_M, 131072)):
+        x = sample(rows, n, seed=38)
+        check_topk(x, 1024)
+        check_topk((4 * x).round(), 1024, largest=False)  # ties at the k-th place
+        check_topk(x.to(torch.bfloat16), 300)
+
+
 def test_topk_select_row_limit(monkeypatch):
     """Rows longer than SELECT_MAX_N (2^24: the index's bits must fit beside the key's in an int64)
     take the capped merges, not the radix select."""

@@ -83,6 +83,12 @@ SELECT_MAX_N = 2**24
 SELECT_PROGRAMS = 4096
 SELECT_BLOCK = 2048
 SELECT_WARPS = 4
+# The select with one program a row (select_rows_each) where there are at least SELECT_ROW_MIN_M
+# rows: histograms in registers, no atomics or tickets, each pass's chunk loads a step ahead.
+SELECT_ROW = True
+SELECT_ROW_MIN_M = 32
+SELECT_ROW_BLOCK = 4096
+SELECT_ROW_WARPS = 16
 # Pass 0 counts every element (tl.histogram: per-program counts, 256 atomics); later passes count
 # only the few elements under the prefix, by masked atomics (tl.histogram's cost does not shrink
 # with its mask). MERGE: how packed runs merge: "lanes" (merge path per lane, MERGE_SEQ outputs a
@@ -93,6 +99,7 @@ MERGE = "lanes"
 MERGE_SEQ = 8
 TILE_WARPS = 0  # warps of the tile pass; 0: 8 for tiles of 512+ elements, else 4
 _INT64_MAX = tl.constexpr(2**63 - 1)
+_SIGN32 = tl.constexpr(2**31)  # xor'd into a 32-bit key: its unsigned order
 _WIDE_KEYS = (torch.float64, torch.int64)
 # Radix sort (sort/argsort of whole rows of 32-bit keys or narrower, longer than RADIX_MIN_N - 1):
 # cdiv(32, RADIX_BITS) counting passes over tiles of RADIX_TILE keys, each moving every key once, in
@@ -339,6 +346,8 @@ def sorted_rows(x2: torch.Tensor, descending: bool, cap: int | None = None) -> t
     cap = N if cap is None else min(cap, N)
     packed = x2.dtype not in _WIDE_KEYS and PACKED_SORT
     if packed and TILE < N <= SELECT_MAX_N and SELECT_MIN_K <= cap <= min(SELECT_MAX_K, N - 1):
+        if SELECT_ROW and M >= SELECT_ROW_MIN_M:
+            return select_rows_each(x2, descending, cap)
         return select_rows(x2, descending, cap)
     if packed and BEST_OF_TILES and TILE < N and cap < SELECT_MIN_K:
         return best_rows(x2, descending, cap)
@@ -705,6 +714,87 @@ def select_rows(x2: torch.Tensor, descending: bool, k: int) -> torch.Tensor:
                                       ATOMIC=p > 0 and SELECT_ATOMIC_PASSES, BLOCK=SELECT_BLOCK, num_warps=SELECT_WARPS)
     _select_take_kernel[(M * G,)](x2, state, count, order, *args, DESCENDING=bool(descending), IB=ib,
                                   PASSES=passes, BLOCK=SELECT_BLOCK, num_warps=SELECT_WARPS)
+    kp = triton.next_power_of_2(k)
+    _sort_rows_kernel[(M,)](order, k, KP=kp, num_warps=8 if kp >= 1024 else 4)
+    return order
+
+
+@triton.jit
+def _select_row_kernel(x_ptr, order_ptr, N, k, chunks, stride_xm, stride_xn, DESCENDING: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    """Row m's first k in sort order -> packed key << 32 | index at order[m, :k], in index order.
+
+    One program a row, so its histograms stay in registers and the passes need no atomics, tickets
+    or state in memory: up to four passes count 8-bit digits of the 32-bit key (as an unsigned u,
+    from the top) over the elements whose higher digits equal the prefix chosen so far, stopping once
+    the chosen bin holds exactly the count still needed; a last pass takes every element below the
+    prefix and, of those equal to it, the first by index (the row is walked in order, so ties need
+    no index digits). Each loop loads its next chunk before counting this one."""
+    row = tl.program_id(0).to(tl.int64)
+    base = x_ptr + row * stride_xm
+    offs = tl.arange(0, BLOCK)
+    bins = tl.arange(0, 256)
+    prefix = tl.zeros((), tl.int64)  # the chosen digits, as a number of `bits` bits
+    bits = tl.zeros((), tl.int32)
+    k_rem = tl.zeros((), tl.int32) + k
+    done = tl.zeros((), tl.int32)
+    for p in tl.static_range(4):
+        h = tl.zeros([256], tl.int32)
+        steps = tl.where(done == 0, chunks, 0)
+        nxt = tl.load(base + offs.to(tl.int64) * stride_xn, mask=(offs < N) & (steps > 0), other=0)
+        for i in range(steps):
+            cols = i * BLOCK + offs
+            live = cols < N
+            x = nxt
+            ahead = cols + BLOCK
+            nxt = tl.load(base + ahead.to(tl.int64) * stride_xn, mask=(ahead < N) & (i + 1 < steps), other=0)
+            u = order_key(x, DESCENDING).to(tl.int32).to(tl.uint32, bitcast=True) ^ _SIGN32
+            digit = ((u >> (24 - 8 * p)) & 255).to(tl.int32)
+            if p == 0:
+                match = live
+            else:
+                match = live & ((u >> (32 - 8 * p)) == prefix.to(tl.uint32))
+            h += tl.histogram(digit, 256, mask=match)
+        b = tl.sum((tl.cumsum(h, 0) < k_rem).to(tl.int32), 0)  # the bin holding the k_rem-th element
+        below = tl.sum(tl.where(bins < b, h, 0), 0)
+        at = tl.sum(tl.where(bins == b, h, 0), 0)
+        open_row = done == 0
+        prefix = tl.where(open_row, prefix * 256 + b, prefix)
+        bits = tl.where(open_row, bits + 8, bits)
+        left = tl.where(open_row, k_rem - below, k_rem)
+        done = tl.where(open_row & (at == left), 1, done)
+        k_rem = left
+    # Take: below the prefix, or at it and among the first k_rem of those (index order); when the
+    # select stopped early every element at the prefix is taken.
+    shift = (32 - bits).to(tl.uint32)
+    top_k = prefix.to(tl.uint32)
+    taken = tl.zeros((), tl.int32)
+    tied = tl.zeros((), tl.int32)
+    nxt = tl.load(base + offs.to(tl.int64) * stride_xn, mask=offs < N, other=0)
+    for i in range(chunks):
+        cols = i * BLOCK + offs
+        live = cols < N
+        x = nxt
+        ahead = cols + BLOCK
+        nxt = tl.load(base + ahead.to(tl.int64) * stride_xn, mask=(ahead < N) & (i + 1 < chunks), other=0)
+        key = order_key(x, DESCENDING).to(tl.int32)
+        top = (key.to(tl.uint32, bitcast=True) ^ _SIGN32) >> shift
+        level = live & (top == top_k)
+        take = (live & (top < top_k)) | (level & (tied + tl.cumsum(level.to(tl.int32), 0) <= k_rem))
+        slot = taken + tl.cumsum(take.to(tl.int32), 0) - 1
+        tl.store(order_ptr + row * k + slot, (key.to(tl.int64) << 32) | cols, mask=take)
+        taken += tl.sum(take.to(tl.int32), 0)
+        tied += tl.sum(level.to(tl.int32), 0)
+
+
+def select_rows_each(x2: torch.Tensor, descending: bool, k: int) -> torch.Tensor:
+    """x2 [M, N] (32-bit keys or narrower) -> packed key << 32 | index [M, k]: each row's first k in sort
+    order (ties: lowest index first), one program a row (SELECT_ROW)."""
+    M, N = x2.shape
+    order = torch.empty((M, k), dtype=torch.int64, device=x2.device)
+    block = min(SELECT_ROW_BLOCK, triton.next_power_of_2(N))
+    _select_row_kernel[(M,)](x2, order, N, k, cdiv(N, block), x2.stride(0), x2.stride(1),
+                             DESCENDING=bool(descending), BLOCK=block, num_warps=SELECT_ROW_WARPS)
     kp = triton.next_power_of_2(k)
     _sort_rows_kernel[(M,)](order, k, KP=kp, num_warps=8 if kp >= 1024 else 4)
     return order
