@@ -569,13 +569,16 @@ def test_conv2d_1x1_nchw_tma_kernel(shape, layout, dtype, monkeypatch):
     from ge2.kernels import conv_1x1
 
     monkeypatch.setattr(conv_1x1, "ENABLED", True)
+    monkeypatch.setattr(conv_1x1, "DW_ENABLED", True)
     x = _layout_1x1(randn(*shape[:4], dtype=dtype), layout)
     assert conv_1x1.supports(x.flatten(2), shape[4])
     _forbid_conv_kernels(monkeypatch)
     counting = _Counting(conv_1x1.conv1x1_nchw_kernel)
     monkeypatch.setattr(conv_1x1, "conv1x1_nchw_kernel", counting)
+    counting_dw = _Counting(conv_1x1.conv1x1_nchw_dw_kernel)
+    monkeypatch.setattr(conv_1x1, "conv1x1_nchw_dw_kernel", counting_dw)
     _check_conv_1x1(shape, layout, dtype, seed=93)
-    assert counting.launches == 2  # forward and dX (dW: the GEMM's per-image partials)
+    assert counting.launches == 2 and counting_dw.launches == 1  # forward and dX; dW
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -1050,6 +1050,8 @@ def _conv1x1_backward(gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, s
         if nhwc:  # dW [K, C] = gZ^T [K, M] @ X [M, C]: the GEMM splits the M-long reduction
             _launch(_gemm_view(gz, K, M, gz.stride(1), gz.stride(0)), _gemm_view(x2, M, C, x2.stride(0), x2.stride(1)),
                     dw2)
+        elif conv_1x1.dw_supports(gz, x2):  # chunks of N*H*W pixels by TMA over about one program per SM
+            conv_1x1.conv1x1_nchw_dw(gz, x2, dw2)
         elif N * K * C * 4 <= max(GEMM_1X1_PARTIAL_BYTES, (gz.numel() * gz.element_size()
                                                              + x.numel() * x.element_size())):
             # dW = sum_n gZ[n] [K, HW] @ X[n]^T [HW, C]: per-image fp32 partials, then a fixed-order sum.

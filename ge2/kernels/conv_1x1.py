@@ -192,3 +192,111 @@ def conv1x1_nchw(x: torch.Tensor, w_rows: torch.Tensor, out: torch.Tensor, z: to
         OPERAND_BYTES=x.element_size(), PRECISION=precision,
         UPCAST=runtime.is_interpreter() and x.element_size() == 2,
     )
+
+
+# dW = sum_n gZ[n] [K, H*W] @ X[n]^T [H*W, C]: the reduction runs along the pixels, which both NCHW
+# operands have innermost (K-major for tf32 too). The GEMM module's batched route wrote one fp32
+# partial per image and ran one [K, C] tile an image (64 programs at batch 64); here the N*H*W
+# pixels are cut into chunks of DW_CHUNK, spread over about one program per SM (``dw_splits``), and
+# each split's [K, C] partial is added in a fixed order by ``gemm.sum_partials`` (deterministic).
+# gZ and X are read as 2-D [N*Ch, H*W] rows (their images and channels merge): a box past an image's
+# last channel reads the next image's rows, which only feed output rows/columns that are dropped.
+DW_ENABLED = os.environ.get("GE2_CONV_1X1_DW", "0") == "1"
+DW_CHUNK = tl.constexpr(128)  # pixels of one image a unit of work (a multiple of every config's BLOCK_K)
+
+
+def _dw_cfg(bm, bn, bk, warps, stages) -> triton.Config:
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=warps, num_stages=stages,
+                         pre_hook=_dw_block_shapes)
+
+
+def _dw_block_shapes(nargs) -> None:
+    nargs["g_desc"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_K"]]
+    nargs["x_desc"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
+
+
+DW_CONFIGS_16 = [_dw_cfg(128, 128, 64, 8, 4), _dw_cfg(128, 128, 64, 4, 4), _dw_cfg(64, 128, 64, 4, 4)]
+DW_CONFIGS_32 = [_dw_cfg(128, 128, 32, 8, 4), _dw_cfg(128, 128, 32, 4, 4), _dw_cfg(64, 128, 32, 4, 4)]
+DW_INTERPRETER_CONFIG = _dw_cfg(16, 16, 16, 4, 1)
+
+
+def _prune_dw(configs, named_args, **kwargs):
+    a = {**named_args, **kwargs}
+    return [c for c in configs if c in (DW_CONFIGS_16 if a["OPERAND_BYTES"] <= 2 else DW_CONFIGS_32)]
+
+
+@runtime.autotune(DW_CONFIGS_16 + DW_CONFIGS_32, key=["Nb", "HW", "K", "C", "OPERAND_BYTES", "PRECISION", "UNITS"],
+                  default=DW_INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_dw},
+                  do_bench=runtime.tuning_bench)
+@triton.jit(do_not_specialize=["Nb"])
+def conv1x1_nchw_dw_kernel(
+    g_desc, x_desc, part_ptr, Nb, HW, K, C, UNITS,
+    OPERAND_BYTES: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Split program_id(1)'s fp32 partial [K, C] tile program_id(0) of dW: the sum over its UNITS
+    chunks of DW_CHUNK pixels of G[n*K + k, p] * X[n*C + c, p] (g_desc [N*K, H*W], x_desc [N*C, H*W])."""
+    tiles_n = tl.cdiv(C, BLOCK_N)
+    k0 = (tl.program_id(0) // tiles_n) * BLOCK_M
+    c0 = (tl.program_id(0) % tiles_n) * BLOCK_N
+    per_image = tl.cdiv(HW, DW_CHUNK)
+    sub: tl.constexpr = DW_CHUNK // BLOCK_K
+    u0 = tl.program_id(1) * UNITS
+    steps = (tl.minimum(Nb * per_image, u0 + UNITS) - u0) * sub
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for step in range(0, steps):
+        u = u0 + step // sub
+        img = u // per_image
+        p0 = (u - img * per_image) * DW_CHUNK + (step % sub) * BLOCK_K
+        g = g_desc.load([img * K + k0, p0])
+        x = x_desc.load([img * C + c0, p0])
+        if UPCAST:  # the interpreter cannot do 16-bit arithmetic; exact products either way
+            g = g.to(tl.float32)
+            x = x.to(tl.float32)
+        acc = tl.dot(g, x.T, acc, input_precision=PRECISION, out_dtype=tl.float32)
+    offs_k = k0 + tl.arange(0, BLOCK_M)
+    offs_c = c0 + tl.arange(0, BLOCK_N)
+    ptrs = part_ptr + tl.program_id(1).to(tl.int64) * K * C + offs_k[:, None] * C + offs_c[None, :]
+    tl.store(ptrs, acc, mask=(offs_k[:, None] < K) & (offs_c[None, :] < C))
+
+
+def _rows2d(t: torch.Tensor) -> torch.Tensor | None:
+    """t [N, Ch, L] as [N*Ch, L] rows for a 2-D TMA descriptor (a view), or None when they do not merge."""
+    N, Ch, L = t.shape
+    if _dims(t) is None or (N > 1 and t.stride(0) != Ch * t.stride(1)):
+        return None
+    return t.as_strided((N * Ch, L), (t.stride(1) if Ch > 1 else t.stride(0), 1))
+
+
+def dw_supports(gz: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether ``conv1x1_nchw_dw`` takes dW of gZ [N, K, L] and x [N, C, L] (as ``supports``, rows merged)."""
+    return DW_ENABLED and supports(x, 1) and supports(gz, 1) and _rows2d(gz) is not None \
+        and _rows2d(x) is not None
+
+
+def dw_splits(units: int, device: torch.device) -> tuple[int, int]:
+    """(splits, units a split): about one split per SM, none empty."""
+    per = runtime.cdiv(units, max(1, min(units, _sm_count(device))))
+    return runtime.cdiv(units, per), per
+
+
+def conv1x1_nchw_dw(gz: torch.Tensor, x: torch.Tensor, dw: torch.Tensor) -> None:
+    """dw [K, C] (contiguous) = sum over n and pixels of gz [N, K, L] x [N, C, L]^T, as ``dw_supports`` allows."""
+    from ge2.kernels.gemm import sum_partials
+
+    Nb, K, HW = gz.shape
+    C = x.shape[1]
+    precision = _precision(x.dtype)
+    round_tf32 = precision == "tf32" and not runtime.is_interpreter()
+    g_desc, x_desc = _descriptor(_rows2d(gz), round_tf32), _descriptor(_rows2d(x), round_tf32)
+    splits, per = dw_splits(Nb * runtime.cdiv(HW, DW_CHUNK.value), x.device)
+    part = dw if splits == 1 and dw.dtype == torch.float32 else \
+        torch.empty((splits, K, C), dtype=torch.float32, device=x.device)
+    grid = lambda meta: (runtime.cdiv(K, meta["BLOCK_M"]) * runtime.cdiv(C, meta["BLOCK_N"]), splits)  # noqa: E731
+    conv1x1_nchw_dw_kernel[grid](
+        g_desc, x_desc, part, Nb, HW, K, C, per,
+        OPERAND_BYTES=x.element_size(), PRECISION=precision,
+        UPCAST=runtime.is_interpreter() and x.element_size() == 2,
+    )
+    if part is not dw:
+        sum_partials(part.view(splits, K * C), dw.view(-1))
