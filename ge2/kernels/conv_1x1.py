@@ -245,9 +245,10 @@ def conv1x1_nchw_dw_kernel(
     steps = (tl.minimum(Nb * per_image, u0 + UNITS) - u0) * sub
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step in range(0, steps):
-        u = u0 + step // sub
+        j = step // sub
+        u = u0 + j
         img = u // per_image
-        p0 = (u - img * per_image) * DW_CHUNK + (step % sub) * BLOCK_K
+        p0 = (u - img * per_image) * DW_CHUNK + (step - j * sub) * BLOCK_K
         g = g_desc.load([img * K + k0, p0])
         x = x_desc.load([img * C + c0, p0])
         if UPCAST:  # the interpreter cannot do 16-bit arithmetic; exact products either way
