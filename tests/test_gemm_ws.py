@@ -19,15 +19,17 @@ from ge2.kernels import gemm_ws
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                                  reason="the Gluon kernel runs on sm_90 only"),
-              pytest.mark.skipif(not gemm_ws.USE_WS, reason="gemm_ws.USE_WS is off (GE2_GEMM_WS=1 turns it on)")]
+              pytest.mark.skipif(not gemm_ws.USE_WS, reason="gemm_ws.USE_WS is off (GE2_GEMM_WS=0)")]
 CONFIGS = gemm_ws.WS_CONFIGS
 
 LAYOUTS = list(itertools.product((False, True), (False, True)))  # (trans_a, trans_b): K- or MN-major operands
 
 
 def _only(cfg, monkeypatch):
-    """Leave cfg the only config (and forget earlier picks), and record whether the kernel ran."""
+    """Leave cfg the only config (and forget earlier picks), let every operand layout in, and record
+    whether the kernel ran."""
     only_config(gemm_ws.gemm_ws_kernel, cfg, monkeypatch)
+    monkeypatch.setattr(gemm_ws, "KMAJOR_ONLY", False)
     ran = []
     launch = gemm_ws.launch
     monkeypatch.setattr(gemm_ws, "launch", lambda *a, **k: ran.append(launch(*a, **k)) or ran[-1])
@@ -72,6 +74,22 @@ def test_epilogues(act, bias_kind, out, monkeypatch):
     a, b = randn(M, K, dtype=dtype, seed=7), randn(N, K, dtype=dtype, seed=8)
     attrs = dict(trans_a=False, trans_b=True, alpha=0.75, beta=0.0, bias_kind=bias_kind, act=act, act_alpha=0.01)
     _check(a, b, _bias(bias_kind, M, N, dtype, seed=9), attrs, ran, f"{act}/{bias_kind}", out_dtype=out)
+
+
+@pytest.mark.parametrize("trans_a,trans_b", [(True, True), (False, False)])
+def test_mn_major_operands_stay_with_triton(trans_a, trans_b, monkeypatch):
+    """By default an MN-major operand goes to the Triton kernel (faster there); the answer is the same."""
+    ran = []
+    launch = gemm_ws.launch
+    monkeypatch.setattr(gemm_ws, "launch", lambda *a, **k: ran.append(launch(*a, **k)) or ran[-1])
+    M, N, K = 3000, 1560, 776
+    a = _operand(M, K, trans_a, dtype=torch.bfloat16, seed=13)
+    b = _operand(K, N, trans_b, dtype=torch.bfloat16, seed=14)
+    attrs = dict(trans_a=trans_a, trans_b=trans_b, alpha=1.0, beta=0.0, bias_kind="none", act="none", act_alpha=0.01)
+    y = call("gemm", a, b, None, None, **attrs)[0]
+    assert ran == [False], "an MN-major operand reached the Gluon kernel"
+    assert_matches(y, _reference(a, b, None, None, dtype=torch.float64, **attrs)[0],
+                   _reference(a, b, None, None, **attrs)[0], name="y")
 
 
 def test_same_bits_every_call_and_no_tile_left(monkeypatch):

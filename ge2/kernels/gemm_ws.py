@@ -1,26 +1,29 @@
-"""The Hopper GEMM with a warp-specialised schedule, written in Gluon: a TMA producer warp and two
-consumer warpgroups that take turns (ping-pong), so that one's epilogue runs under the other's MMAs.
+"""The Hopper GEMM with a warp-specialised schedule, written in Gluon: a TMA producer warpgroup and two
+consumer partitions that take turns (ping-pong), so that one's epilogue runs under the other's MMAs.
 
 Same contract as ``gemm.gemm_tma_kernel`` (Y = act(alpha * op(A) @ op(B) + bias), Z kept when
 asked) for 16-bit operands on sm_90; ``gemm._launch`` chooses it. Why: a persistent Triton kernel
-issues the next tile's wgmma only after its epilogue, so an erf-gelu epilogue (~30 instructions an
+issues the next tile's wgmma only after its epilogue, so an erf-gelu epilogue (~70 instructions an
 element) leaves the tensor cores idle (docs/gemm.md). Triton 3.6 does not warp-specialise on sm_90;
 Gluon states the schedule explicitly:
 
 * the loader (one warpgroup, one thread issuing) walks this program's tiles and their K-steps in order and fills a ring of
   STAGES shared-memory slots by TMA, each slot with a `ready` barrier (TMA bytes arrived) and an
   `empty` one (its MMAs finished);
-* consumer c (4 warps each, c = 0, 1) takes the program's tiles c, c + 2, ...: for each, wgmma
+* consumer c (4 or 8 warps each, c = 0, 1) takes the program's tiles c, c + 2, ...: for each, wgmma
   over the K-steps (one in flight, the slot of the one before released), then the epilogue in
   registers and a TMA store through its own output buffer. The loader fills tiles in order, so
   consumer 1's first MMAs wait behind consumer 0's last loads: the two fall into turns by
-  themselves, one in its epilogue while the other multiplies.
+  themselves, one in its epilogue while the other multiplies. An erf-gelu epilogue is ~70
+  instructions an element: on 4 warps it took 3x a 768-deep tile's MMAs (clock64 stamps, H100), so
+  configs with 8-warp consumers (64 accumulator rows a warpgroup) halve each thread's share.
 
 Gluon runs only on the GPU (no interpreter), so the Triton kernels stay the reference path and the
-CPU tests' path; tests/test_gemm.py compares this kernel with torch on the GPU.
+CPU tests' path; tests/test_gemm_ws.py compares this kernel with torch on the GPU.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -34,11 +37,18 @@ from ge2 import runtime
 from ge2.kernels.activations import act_fwd
 from ge2.kernels.gemm import _tile_coords as tile_coords
 
-# Off by default: correct on the H100, and faster than the Triton kernel on most epilogue-free GPT
-# shapes (up to 1.1x), but 0.42x of it on the erf-gelu + Z one it was written for (docs/gemm.md
-# "Warp-specialised"). GE2_GEMM_WS=1 turns it on (the tests and benchmarks of it use that).
-USE_WS = os.environ.get("GE2_GEMM_WS", "0") == "1"
+# On by default on sm_90 (GE2_GEMM_WS=0 turns it off). H100, GPT-2 small's GEMMs in graph replays
+# (docs/gemm.md "Warp-specialised"): with both operands K-major it is 1.00-1.19x the Triton kernel
+# (the erf-gelu + Z forward 1.19x); with an MN-major operand 0.85-0.99x, so those stay with Triton.
+USE_WS = os.environ.get("GE2_GEMM_WS", "1") == "1"
+KMAJOR_ONLY = True  # tests turn it off to run the kernel's MN-major operand paths
 WS_MIN_PROBLEM = 1 << 27  # M*N*K below this: too few tiles for two consumers per SM to pay
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_layout(shape: tuple[int, ...], dtype: torch.dtype):
+    """The swizzled shared-memory layout of a TMA box (cached: building one costs ~20 us of Python)."""
+    return gl.NVMMASharedLayout.get_default_for(list(shape), _GL_DTYPES[dtype])
 
 
 def _block_shapes(nargs) -> None:
@@ -49,13 +59,16 @@ def _block_shapes(nargs) -> None:
     for name, shape in shapes.items():
         desc = nargs[name]
         desc.block_shape = shape
-        desc.layout = gl.NVMMASharedLayout.get_default_for(shape, _GL_DTYPES[desc.base.dtype])
+        desc.layout = _smem_layout(tuple(shape), desc.base.dtype)
 
 
-def _ws_cfg(bm: int, bn: int, bk: int, stages: int, group_m: int = 8) -> triton.Config:
-    """One consumer's tile (bm x bn, bk deep) and the ring depth; 4 warps run the default partition."""
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "STAGES": stages, "GROUP_M": group_m},
-                         num_warps=4, num_stages=1, pre_hook=_block_shapes)
+def _ws_cfg(bm: int, bn: int, bk: int, stages: int, group_m: int = 8, warps: int = 4) -> triton.Config:
+    """One consumer's tile (bm x bn, bk deep), the ring depth and the warps of each consumer (4 or 8)."""
+    # registers a thread: the 128-thread loader keeps few, the consumers share the rest of the 64K
+    regs = {4: (232, 40), 8: (120, 24)}[warps]
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "STAGES": stages, "GROUP_M": group_m,
+                          "CONSUMER_WARPS": warps, "CONSUMER_REGS": regs[0], "LOADER_REGS": regs[1]},
+                         num_warps=warps, num_stages=1, pre_hook=_block_shapes)
 
 
 # 128x128x64 bf16: a ring slot is 32 KB and each consumer's output buffer 32 KB (64 KB for fp32 Y).
@@ -66,6 +79,8 @@ WS_CONFIGS = [
     _ws_cfg(128, 128, 64, 5),
     _ws_cfg(128, 128, 64, 4, group_m=16),
     _ws_cfg(64, 256, 64, 3),
+    _ws_cfg(128, 128, 64, 4, warps=8),
+    _ws_cfg(128, 128, 64, 3, warps=8),
 ]
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
@@ -102,13 +117,29 @@ def _ws_loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K,
 
 
 @gluon.jit
+def _scaled_biased(acc, alpha, bias_ptr, stride_bias, m0, n0, M, N, BIAS_KIND: gl.constexpr):
+    """alpha * acc + bias for the [rows, cols] block of the output at (m0, n0)."""
+    z = acc * alpha
+    if BIAS_KIND == 1:
+        z += gl.load(bias_ptr).to(gl.float32)
+    elif BIAS_KIND == 2:
+        offs_m = m0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
+        z += gl.load(bias_ptr + offs_m * stride_bias, mask=offs_m < M, other=0.0).to(gl.float32)[:, None]
+    elif BIAS_KIND == 3:
+        offs_n = n0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
+        z += gl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0).to(gl.float32)[None, :]
+    return z
+
+
+@gluon.jit
 def _ws_consumer(a_bufs, b_bufs, ready, empty, turns, out_bufs, y_desc, z_desc, bias_ptr, M, N, K, stride_bias,
                  alpha, act_alpha, CONSUMER: gl.constexpr, BIAS_KIND: gl.constexpr, ACT: gl.constexpr,
                  SAVE_Z: gl.constexpr, A_KMAJOR: gl.constexpr, B_KMAJOR: gl.constexpr, BLOCK_M: gl.constexpr,
-                 BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr):
+                 BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr,
+                 CONSUMER_WARPS: gl.constexpr):
     """Consumer CONSUMER: MMAs and epilogue of this program's tiles CONSUMER, CONSUMER + 2, ..."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
     out = out_bufs.index(CONSUMER)
     k_tiles = gl.cdiv(K, BLOCK_K)
@@ -145,27 +176,23 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, turns, out_bufs, y_desc, z_desc, 
         mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k_tiles > 0)
         it += k_tiles  # skip the other consumer's tile
 
-        z = acc * alpha
-        if BIAS_KIND == 1:
-            z += gl.load(bias_ptr).to(gl.float32)
-        elif BIAS_KIND == 2:
-            offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
-            z += gl.load(bias_ptr + offs_m * stride_bias, mask=offs_m < M, other=0.0).to(gl.float32)[:, None]
-        elif BIAS_KIND == 3:
-            offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
-            z += gl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0).to(gl.float32)[None, :]
+        # The epilogue a column half at a time: on the whole tile the sm_90 build of an erf-gelu
+        # consumer spilled ~200 registers a tile, and with 224 KB of shared memory taken L1 is small,
+        # so spills go to L2. The bias too is loaded per half (8-warp consumers have 104-120 registers).
+        z0, z1 = acc.reshape([BLOCK_M, 2, BLOCK_N // 2]).permute(0, 2, 1).split()
+        z0 = _scaled_biased(z0, alpha, bias_ptr, stride_bias, m0, n0, M, N, BIAS_KIND)
+        z1 = _scaled_biased(z1, alpha, bias_ptr, stride_bias, m0, n0 + BLOCK_N // 2, M, N, BIAS_KIND)
+        left = out.slice(0, BLOCK_N // 2, dim=1)
+        right = out.slice(BLOCK_N // 2, BLOCK_N // 2, dim=1)
         tma.store_wait(0)  # the previous tile's store has left the output buffer
         if SAVE_Z:
-            out.store(z.to(z_desc.dtype))
+            left.store(z0.to(z_desc.dtype))
+            right.store(z1.to(z_desc.dtype))
             fence_async_shared()
             tma.async_copy_shared_to_global(z_desc, [m0, n0], out)
             tma.store_wait(0)
-        # The activation a column half at a time: on the whole tile the sm_90 build of an erf-gelu
-        # consumer spilled ~200 registers a tile (232 a thread, 128 of them the accumulator), and
-        # with 224 KB of shared memory taken L1 is small, so spills go to L2. In halves: 3 (offline).
-        z0, z1 = z.reshape([BLOCK_M, 2, BLOCK_N // 2]).permute(0, 2, 1).split()
-        out.slice(0, BLOCK_N // 2, dim=1).store(act_fwd(z0, ACT, act_alpha).to(y_desc.dtype))
-        out.slice(BLOCK_N // 2, BLOCK_N // 2, dim=1).store(act_fwd(z1, ACT, act_alpha).to(y_desc.dtype))
+        left.store(act_fwd(z0, ACT, act_alpha).to(y_desc.dtype))
+        right.store(act_fwd(z1, ACT, act_alpha).to(y_desc.dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(y_desc, [m0, n0], out)
     tma.store_wait(0)
@@ -194,7 +221,8 @@ def gemm_ws_kernel(a_desc, b_desc, y_desc, z_desc, bias_ptr, M, N, K, stride_bia
                    BIAS_KIND: gl.constexpr, ACT: gl.constexpr, SAVE_Z: gl.constexpr, OUT_BYTES: gl.constexpr,
                    A_KMAJOR: gl.constexpr, B_KMAJOR: gl.constexpr, NUM_SMS: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-                   GROUP_M: gl.constexpr):
+                   GROUP_M: gl.constexpr, CONSUMER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                   LOADER_REGS: gl.constexpr):
     """Y [M, N] = act(alpha * op(A) @ op(B) + bias) (and Z), 16-bit operands; grid = (programs <= SMs,)."""
     gl.static_assert(y_desc.dtype.primitive_bitwidth == 8 * OUT_BYTES)  # OUT_BYTES keys the tuning and pruning
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
@@ -211,13 +239,13 @@ def gemm_ws_kernel(a_desc, b_desc, y_desc, z_desc, bias_ptr, M, N, K, stride_bia
     gl.warp_specialize([
         (_ws_consumer, (a_bufs, b_bufs, ready, empty, turns, out_bufs, y_desc, z_desc, bias_ptr, M, N, K, stride_bias, alpha,
                         act_alpha, 0, BIAS_KIND, ACT, SAVE_Z, A_KMAJOR, B_KMAJOR, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                        NUM_SMS)),
+                        NUM_SMS, CONSUMER_WARPS)),
         (_ws_consumer, (a_bufs, b_bufs, ready, empty, turns, out_bufs, y_desc, z_desc, bias_ptr, M, N, K, stride_bias, alpha,
                         act_alpha, 1, BIAS_KIND, ACT, SAVE_Z, A_KMAJOR, B_KMAJOR, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                        NUM_SMS)),
+                        NUM_SMS, CONSUMER_WARPS)),
         (_ws_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, A_KMAJOR, B_KMAJOR, BLOCK_M, BLOCK_N,
                       BLOCK_K, GROUP_M, NUM_SMS)),
-    ], [4, 4], [232, 40])  # the loader gets a whole warpgroup: with 1 warp, Triton 3.6 ran it on two (H100,
+    ], [CONSUMER_WARPS, 4], [CONSUMER_REGS, LOADER_REGS])  # the loader gets a whole warpgroup: with 1 warp, Triton 3.6 ran it on two (H100,
     # compute-sanitizer: two arrive.expect_tx per slot, a launch failure); registers are given per warpgroup anyway
 
 
@@ -226,12 +254,14 @@ def launch(operands, M: int, N: int, K: int, y: torch.Tensor, *, z: torch.Tensor
     """Run Y (and Z) [M, N] = act(alpha * op(A) @ op(B) + bias) here if this kernel applies; False if not.
 
     ``operands``: ``gemm._tma_operands`` of op(A), op(B) (the caller has them: TMA can read both). It
-    applies on sm_90 to 16-bit operands, outputs whose rows TMA can write, and problems with at least
-    two 128x128 tiles per SM (fewer leave the second consumer idle: the Triton kernel, with its split
-    tail, does better).
+    applies on sm_90 to 16-bit K-major operands (``KMAJOR_ONLY``), outputs whose rows TMA can write,
+    and problems with at least two 128x128 tiles per SM (fewer leave the second consumer idle: the
+    Triton kernel, with its split tail, does better).
     """
     (a, a_shape, a_strides, a_kmajor), (b, b_shape, b_strides, b_kmajor) = operands
     if not USE_WS or a.dtype not in (torch.bfloat16, torch.float16) or M * N * K < WS_MIN_PROBLEM:
+        return False
+    if KMAJOR_ONLY and not (a_kmajor and b_kmajor):
         return False
     if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device)[0] != 9:
         return False
@@ -259,4 +289,4 @@ def _descriptor(t: torch.Tensor, shape: list[int], strides: list[int]):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     block = [16, 16]
-    return TensorDescriptor(t, shape, strides, block, gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[t.dtype]))
+    return TensorDescriptor(t, shape, strides, block, _smem_layout(tuple(block), t.dtype))
