@@ -242,6 +242,7 @@ def test_topk_row_select(monkeypatch, block):
     monkeypatch.setattr(SO, "PACKED_SORT", True)
     monkeypatch.setattr(SO, "TILE", 8)
     monkeypatch.setattr(SO, "SELECT_MIN_K", 1)
+    monkeypatch.setattr(SO, "SELECT_ROW", True)  # off by default (slower on the H100), kept tested
     monkeypatch.setattr(SO, "SELECT_ROW_MIN_M", 1)
     monkeypatch.setattr(SO, "SELECT_ROW_BLOCK", block)
 
@@ -262,8 +263,9 @@ def test_topk_row_select(monkeypatch, block):
 
 
 @pytest.mark.skipif(not LARGE, reason="large shapes run on the GPU")
-def test_large_row_select():
+def test_large_row_select(monkeypatch):
     """The bench's k = 1024 over rows of 32k and 128k, with rows enough for one program a row."""
+    monkeypatch.setattr(SO, "SELECT_ROW", True)
     for rows, n in ((40, 32768 + 3), (SO.SELECT_ROW_MIN_M, 131072)):
         x = sample(rows, n, seed=38)
         check_topk(x, 1024)

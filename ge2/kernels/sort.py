@@ -84,8 +84,11 @@ SELECT_PROGRAMS = 4096
 SELECT_BLOCK = 2048
 SELECT_WARPS = 4
 # The select with one program a row (select_rows_each) where there are at least SELECT_ROW_MIN_M
-# rows: histograms in registers, no atomics or tickets, each pass's chunk loads a step ahead.
-SELECT_ROW = True
+# rows: histograms in registers, no atomics or tickets, each pass's chunk loads a step ahead. OFF:
+# H100 (session 20, bench/profile_tensor_ops.py), k = 1024: 226-252 us on 256 rows of 32k and
+# 440-689 us on 64 of 128k (the multi-program select: 244 / 215 us): each program's chunk loop is
+# a serial chain of ~2.8 us a step, and 64-256 programs cannot hide it.
+SELECT_ROW = False
 SELECT_ROW_MIN_M = 32
 SELECT_ROW_BLOCK = 4096
 SELECT_ROW_WARPS = 16
