@@ -5,36 +5,21 @@
 tf32, bf16, tf32x3: torch.profiler kernel table of one fwd+bwd (ge2 off / on, cuDNN), CUDA-graph
 times of fwd and fwd+bwd, and (tf32) each forward config of conv1x1_nchw_kernel alone.
 """
-import collections
 import json
 import os
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 import ge2
 from ge2.backend import call
 from ge2.backend import call_plans
 from ge2.kernels import conv_1x1
 import torch.nn.functional as TF
 from bench.harness import time_ms
+from bench.profile_conv import kernel_us
 
 torch.backends.cudnn.benchmark = True
 N, C, H, K = 64, 128, 28, 128
 out = {}
-
-def kernel_us(fn, steps=10):
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
-    per = collections.defaultdict(float)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            per[e.name[:60]] += e.device_time_total / steps
-    return per
 
 def cases(dtype, prec):
     ge2.set_matmul_precision(prec)

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from ge2 import runtime
 from ge2.kernels.activations import act_fwd
-from ge2.kernels.conv_framed import _descriptor, _weight_rows
+from ge2.kernels.conv_framed import _descriptor, _weight_rows, tma_outer_strides
 from ge2.kernels.gemm import _precision, _sm_count, _tma_sms
 
 # off (GE2_CONV_1X1_TMA=0): NCHW 1x1 convs take the GEMM module's batched kernel (A/B comparisons)
@@ -152,16 +152,8 @@ def _dims(t: torch.Tensor) -> tuple[list[int], list[int]] | None:
     N, Ch, L = t.shape
     if t.data_ptr() % 16 or (L > 1 and t.stride(2) != 1):
         return None
-    per = 16 // t.element_size()
-    shape, strides = [N, Ch, L], [t.stride(0), t.stride(1), 1]
-    span = L
-    for d in (1, 0):
-        if shape[d] == 1:
-            strides[d] = runtime.cdiv(span, per) * per
-        if strides[d] % per or strides[d] == 0:
-            return None
-        span = strides[d] * shape[d]
-    return shape, strides
+    strides = tma_outer_strides([N, Ch, L], [t.stride(0), t.stride(1), 1], t.element_size())
+    return None if strides is None else ([N, Ch, L], strides)
 
 
 def supports(x: torch.Tensor, out_channels: int) -> bool:

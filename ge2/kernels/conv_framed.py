@@ -578,16 +578,24 @@ def nhwc_dims(t: torch.Tensor) -> tuple[list[int], list[int]] | None:
     dim's stride is never stepped: it gets an aligned one."""
     if not NHWC_DIRECT or t.stride(1) != 1 or t.data_ptr() % 16:
         return None
-    per = 16 // t.element_size()  # elements per 16 bytes
-    shape, strides = [t.shape[0], t.shape[2], t.shape[3], t.shape[1]], [t.stride(0), t.stride(2), t.stride(3), 1]
-    span = shape[3]
-    for d in (2, 1, 0):
+    shape = [t.shape[0], t.shape[2], t.shape[3], t.shape[1]]
+    strides = tma_outer_strides(shape, [t.stride(0), t.stride(2), t.stride(3), 1], t.element_size())
+    return None if strides is None else (shape, strides)
+
+
+def tma_outer_strides(shape: list[int], strides: list[int], element_size: int) -> list[int] | None:
+    """strides (innermost last, unit) with every outer one 16-byte aligned as a TMA descriptor needs, or
+    None when one is not; a size-1 dim's stride is never stepped, so it gets an aligned one."""
+    per = 16 // element_size  # elements per 16 bytes
+    strides = list(strides)
+    span = shape[-1]
+    for d in range(len(shape) - 2, -1, -1):
         if shape[d] == 1:
             strides[d] = runtime.cdiv(span, per) * per
         if strides[d] % per or strides[d] == 0:
             return None
         span = strides[d] * shape[d]
-    return shape, strides
+    return strides
 
 
 def _weight_rows(weight: torch.Tensor, transposed: bool = False) -> torch.Tensor:
