@@ -25,15 +25,20 @@ CONFIGS = gemm_ws.WS_CONFIGS
 LAYOUTS = list(itertools.product((False, True), (False, True)))  # (trans_a, trans_b): K- or MN-major operands
 
 
+def _launches(monkeypatch) -> list[bool]:
+    """The answers of every gemm_ws.launch call from now on (True: the Gluon kernel ran)."""
+    ran = []
+    launch = gemm_ws.launch
+    monkeypatch.setattr(gemm_ws, "launch", lambda *a, **k: ran.append(launch(*a, **k)) or ran[-1])
+    return ran
+
+
 def _only(cfg, monkeypatch):
     """Leave cfg the only config (and forget earlier picks), let every operand layout in, and record
     whether the kernel ran."""
     only_config(gemm_ws.gemm_ws_kernel, cfg, monkeypatch)
     monkeypatch.setattr(gemm_ws, "KMAJOR_ONLY", False)
-    ran = []
-    launch = gemm_ws.launch
-    monkeypatch.setattr(gemm_ws, "launch", lambda *a, **k: ran.append(launch(*a, **k)) or ran[-1])
-    return ran
+    return _launches(monkeypatch)
 
 
 def _check(a, b, bias, attrs, ran, name, out_dtype=None):
@@ -79,9 +84,7 @@ def test_epilogues(act, bias_kind, out, monkeypatch):
 @pytest.mark.parametrize("trans_a,trans_b", [(True, True), (False, False)])
 def test_mn_major_operands_stay_with_triton(trans_a, trans_b, monkeypatch):
     """By default an MN-major operand goes to the Triton kernel (faster there); the answer is the same."""
-    ran = []
-    launch = gemm_ws.launch
-    monkeypatch.setattr(gemm_ws, "launch", lambda *a, **k: ran.append(launch(*a, **k)) or ran[-1])
+    ran = _launches(monkeypatch)
     M, N, K = 3000, 1560, 776
     a = _operand(M, K, trans_a, dtype=torch.bfloat16, seed=13)
     b = _operand(K, N, trans_b, dtype=torch.bfloat16, seed=14)
@@ -107,8 +110,9 @@ def test_same_bits_every_call_and_no_tile_left(monkeypatch):
     assert_matches(outs[0], x.double() @ w.double().t(), (x @ w.t()), name="y")
 
 
-def test_declines_what_it_cannot_take():
+def test_declines_what_it_cannot_take(monkeypatch):
     """Too few tiles, a non-16-bit operand, unaligned output rows: the Triton kernels run."""
+    monkeypatch.setattr(gemm_ws, "KMAJOR_ONLY", False)  # w is MN-major here: each case declines for its own reason
     sms = gemm_kernels._sm_count(torch.device("cuda"))
 
     def takes(x, w, y):

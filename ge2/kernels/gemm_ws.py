@@ -15,7 +15,7 @@ Gluon states the schedule explicitly:
   registers and a TMA store through its own output buffer. The loader fills tiles in order, so
   consumer 1's first MMAs wait behind consumer 0's last loads: the two fall into turns by
   themselves, one in its epilogue while the other multiplies. An erf-gelu epilogue is ~70
-  instructions an element: on 4 warps it took 3x a 768-deep tile's MMAs (clock64 stamps, H100), so
+  instructions an element: on 4 warps it took ~3.7x a 768-deep tile's MMAs (clock64 stamps, H100), so
   configs with 8-warp consumers (64 accumulator rows a warpgroup) halve each thread's share.
 
 Gluon runs only on the GPU (no interpreter), so the Triton kernels stay the reference path and the
@@ -38,11 +38,12 @@ from ge2.kernels.activations import act_fwd
 from ge2.kernels.gemm import _tile_coords as tile_coords
 
 # On by default on sm_90 (GE2_GEMM_WS=0 turns it off). H100, GPT-2 small's GEMMs in graph replays
-# (docs/gemm.md "Warp-specialised"): with both operands K-major it is 1.00-1.19x the Triton kernel
-# (the erf-gelu + Z forward 1.19x); with an MN-major operand 0.85-0.99x, so those stay with Triton.
+# (docs/gemm.md "Warp-specialised"): with both operands K-major it is 0.99-1.16x the Triton kernel
+# (the erf-gelu + Z forward 1.16x); with an MN-major operand 0.85-0.99x, so those stay with Triton.
 USE_WS = os.environ.get("GE2_GEMM_WS", "1") == "1"
 KMAJOR_ONLY = True  # tests turn it off to run the kernel's MN-major operand paths
 WS_MIN_PROBLEM = 1 << 27  # M*N*K below this: too few tiles for two consumers per SM to pay
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,7 +83,6 @@ WS_CONFIGS = [
     _ws_cfg(128, 128, 64, 4, warps=8),
     _ws_cfg(128, 128, 64, 3, warps=8),
 ]
-_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
 
 @gluon.jit
@@ -176,9 +176,10 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, turns, out_bufs, y_desc, z_desc, 
         mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k_tiles > 0)
         it += k_tiles  # skip the other consumer's tile
 
-        # The epilogue a column half at a time: on the whole tile the sm_90 build of an erf-gelu
-        # consumer spilled ~200 registers a tile, and with 224 KB of shared memory taken L1 is small,
-        # so spills go to L2. The bias too is loaded per half (8-warp consumers have 104-120 registers).
+        # The epilogue a column half at a time, the bias loaded per half: fewer values live at once
+        # (sm_90 build, erf-gelu + Z: a 4-warp consumer's ~200 spill stores a tile on the whole tile
+        # fell to 3; an 8-warp one, at 104-120 registers, spills 24 bytes with a per-column bias, 144
+        # with the bias added to the whole tile).
         z0, z1 = acc.reshape([BLOCK_M, 2, BLOCK_N // 2]).permute(0, 2, 1).split()
         z0 = _scaled_biased(z0, alpha, bias_ptr, stride_bias, m0, n0, M, N, BIAS_KIND)
         z1 = _scaled_biased(z1, alpha, bias_ptr, stride_bias, m0, n0 + BLOCK_N // 2, M, N, BIAS_KIND)
