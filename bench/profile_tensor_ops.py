@@ -1,13 +1,16 @@
-"""Where topk (k >= SELECT_MIN_K) and the bf16 row gather spend their time (issue 25, session 20):
-the multi-program radix select against the one-program-a-row select (SELECT_ROW) and their
-settings, each checked against torch and timed by CUDA-graph replays beside torch in one process;
-kernel times of both selects (torch.profiler); the row gather / index_select, its kernel with and without the index counter, the counter's fill.
+"""Where topk (k >= SELECT_MIN_K) and the bf16 row gather spend their time (issue 25, sessions 20-21):
+the multi-program radix select (and, with --baseline, an earlier sort.py's select; with --row, the
+one-program-a-row select's settings), each checked against torch's stable sort and timed by
+CUDA-graph replays beside torch in one process; the select's kernels one by one in launch order
+(torch.profiler, the mean of 20 calls); the row gather / index_select, its kernel with and without
+the index counter, the counter's fill.
 
-    PYTHONPATH=. python3 bench/profile_tensor_ops.py [--skip-profile]
+    PYTHONPATH=. python3 bench/profile_tensor_ops.py [--skip-profile] [--baseline OLD_SORT_PY] [--row]
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -41,7 +44,15 @@ def _line(label: str, ms: float, t_torch: float, ok) -> None:
           flush=True)
 
 
-def _select(shapes, ks) -> None:
+def _load(path: str):
+    """An earlier sort.py as a module of its own (its kernels compile beside the present ones)."""
+    spec = importlib.util.spec_from_file_location("sort_before", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _select(shapes, ks, old=None, row=False) -> None:
     for m, n in shapes:
         x = torch.randn(m, n, device="cuda")
         for k in ks:
@@ -49,6 +60,14 @@ def _select(shapes, ks) -> None:
             with switched(SO, SELECT_MIN_K=min(k, SO.SELECT_MIN_K), SELECT_ROW=False):
                 ok = _topk_ok(x, k)
                 _line(f"{m}x{n} k={k} multi-program select", _time(lambda: SO.topk(x, k)), t_torch, ok)
+            if old is not None:
+                with switched(old, SELECT_MIN_K=min(k, old.SELECT_MIN_K), SELECT_ROW=False):
+                    values, indices = old.topk(x, k)
+                    ref = torch.sort(x, dim=-1, descending=True, stable=True)
+                    ok = torch.equal(values, ref.values[:, :k]) and torch.equal(indices, ref.indices[:, :k])
+                    _line(f"{m}x{n} k={k} baseline select", _time(lambda: old.topk(x, k)), t_torch, ok)
+            if not row:
+                continue
             if k < SO.SELECT_MIN_K:
                 ok = _topk_ok(x, k)
                 _line(f"{m}x{n} k={k} best of tiles", _time(lambda: SO.topk(x, k)), t_torch, ok)
@@ -65,23 +84,29 @@ def _select(shapes, ks) -> None:
     with switched(SO, SELECT_ROW_MIN_M=1):
         values, indices = SO.topk(x, 1024)
     ref = torch.sort(x, dim=-1, descending=True, stable=True)
-    print("ties, row select:", torch.equal(values, ref.values[:, :1024]) and torch.equal(indices, ref.indices[:, :1024]))
+    print("ties (64 x 32k+7, 4 x randn rounded), select:", torch.equal(values, ref.values[:, :1024]) and torch.equal(indices, ref.indices[:, :1024]))
 
 
 def _profile() -> None:
+    """The select's kernels in launch order, each the mean over 20 calls (the passes share one name)."""
     for m, n in SHAPES[:2]:
-        x = torch.randn(m, n, device="cuda")
-        for row in (False, True):
-            with switched(SO, SELECT_ROW=row):
-                SO.topk(x, 1024)
+        for label, x in (("randn", torch.randn(m, n, device="cuda")),
+                         ("ties (4x randn rounded)", (4 * torch.randn(m, n, device="cuda")).round())):
+            SO.topk(x, 1024)
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(20):
+                    SO.topk(x, 1024)
                 torch.cuda.synchronize()
-                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                    for _ in range(20):
-                        SO.topk(x, 1024)
-                    torch.cuda.synchronize()
-            print(f"--- topk k=1024, {m}x{n}, SELECT_ROW={row}, 20 calls (us per call = total / 20)")
-            print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=14,
-                                            max_name_column_width=40), flush=True)
+            kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            per = len(kernels) // 20
+            print(f"--- topk k=1024, {m}x{n} {label}: {per} kernels a call, us (mean of 20 calls)")
+            total = 0.0
+            for j in range(per):
+                us = sum(kernels[i * per + j].time_range.elapsed_us() for i in range(20)) / 20
+                total += us
+                print(f"  {j:2d} {kernels[j].name[:60]:60s} {us:7.1f}")
+            print(f"  kernels in all {total:7.1f} us", flush=True)
 
 
 def _gather() -> None:
@@ -116,9 +141,12 @@ def _gather() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--skip-profile", action="store_true")
+    ap.add_argument("--baseline", default=None, help="an earlier ge2/kernels/sort.py, timed beside the present one")
+    ap.add_argument("--row", action="store_true", help="also the one-program-a-row select's settings")
     args = ap.parse_args()
-    _select(SHAPES[:2], (1024, 128, 4096, 50))
-    _select(SHAPES[2:], (1024,))
+    old = _load(args.baseline) if args.baseline else None
+    _select(SHAPES[:2], (1024, 128, 4096, 50), old, args.row)
+    _select(SHAPES[2:], (1024,), old, args.row)
     if not args.skip_profile:
         _profile()
     _gather()
