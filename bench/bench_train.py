@@ -3,6 +3,7 @@
     PYTHONPATH=. python3 bench/bench_train.py              # on a GPU; writes bench/results/train_step.json
     PYTHONPATH=. python3 bench/bench_train.py --only gpt   # the GPT rows; writes bench/results/train_step_gpt.json
     PYTHONPATH=. python3 bench/bench_train.py --only repeat  # MLP b64, ge2.capture(repeat=16) per-step rows
+    PYTHONPATH=. python3 bench/bench_train.py --only cnn [--tf32] --no-compile  # CNN rows: train_step_cnn[_tf32].json
     PYTHONPATH=. python3 bench/bench_train.py --smoke      # tiny shapes, each variant run once (CPU too)
 
 GPT rows: one nanoGPT training step (forward, loss, backward, AdamW with nanoGPT's decay groups) in
@@ -358,7 +359,7 @@ def gpt_rows(bench: Bench | None, smoke: bool, compile_it: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny batches, each variant once (CPU too)")
-    ap.add_argument("--only", choices=("mlp-cnn", "gpt", "repeat"), default=None, help="only these rows")
+    ap.add_argument("--only", choices=("mlp-cnn", "cnn", "gpt", "repeat"), default=None, help="only these rows")
     ap.add_argument("--tf32", action="store_true", help="TF32 matmuls/convs on both sides (MLP/CNN rows)")
     ap.add_argument("--ieee", action="store_true", help="ge2's CUDA-core fp32 matmuls (torch: fp32 as usual)")
     ap.add_argument("--compile-all", action="store_true", help="torch.compile every shape, not only the targets")
@@ -370,6 +371,8 @@ def main() -> None:
         cases = [("mlp", 4), ("cnn", 2)]
     if args.only in ("gpt", "repeat"):
         cases = []
+    if args.only == "cnn":
+        cases = [case for case in cases if case[0] == "cnn"]
     if not torch.cuda.is_available() and not args.smoke:
         sys.exit("bench_train: needs a GPU (use --smoke on the CPU)")
     cuda = torch.cuda.is_available()
@@ -379,8 +382,8 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
     torch.backends.cudnn.benchmark = True
     if args.only != "gpt" and cases:
-        bench = Bench("train_step" + ("" if precision == "tf32x3" else "_" + precision), warmup_ms=50, rep_ms=100,
-                      rounds=5)
+        bench = Bench("train_step" + ("_cnn" if args.only == "cnn" else "")
+                      + ("" if precision == "tf32x3" else "_" + precision), warmup_ms=50, rep_ms=100, rounds=5)
         print(PREDICTION)
         for model_name, batch in cases:
             ref, mine, shape = (mlp_pair if model_name == "mlp" else cnn_pair)()

@@ -149,6 +149,22 @@ def test_conv2d_weight_and_bias_gradients_over_splits_with_activation(case, layo
     _check_conv(case, layout, act="gelu", seed=28)
 
 
+def test_conv2d_narrow_weight_gradient_runs_direct_in_every_precision():
+    # A 1-channel stem's [K, 9] dW wastes most of a tensor-core tile: CUDA cores up to the largest
+    # cap in tf32 too; wide dWs keep their precision's cap; 16-bit never runs direct.
+    from ge2.kernels import conv as K
+
+    old = ge2.set_matmul_precision("tf32")
+    try:
+        big = K.DW_DIRECT_MACS["tf32"] * 4
+        assert big <= K.DW_DIRECT_MACS["ieee"]
+        assert K._direct_dw(torch.float32, big, 9) and not K._direct_dw(torch.float32, big, 288)
+        assert not K._direct_dw(torch.float32, K.DW_DIRECT_MACS["ieee"] + 1, 9)
+        assert not K._direct_dw(torch.bfloat16, 1, 9)
+    finally:
+        ge2.set_matmul_precision(old)
+
+
 def test_conv2d_channels_last_weight_and_unbatched_input():
     x, w, b = randn(3, 6, 5, seed=31), randn(4, 3, 2, 2, seed=32), randn(4, seed=33)
     w_cl = w.contiguous(memory_format=torch.channels_last)
@@ -444,6 +460,43 @@ def test_conv2d_framed_fp32_weight_gradient_from_planar_frames(layout, monkeypat
     _check_conv((1, 16, 4, 5, 16, (3, 3), 1, 1, 1, 1), layout, seed=38)
     _check_conv((2, 16, 6, 5, 16, (2, 3), 1, (0, 2), (2, 1), 1), layout, act="relu", seed=39)  # shifts -2, -1, 0
     assert dw.launches == 3
+
+
+@pytest.mark.parametrize("split", [True, False], ids=["split planes", "triton tf32x3"])
+def test_conv2d_framed_tf32x3_weight_gradient_from_split_planes(split, monkeypatch):
+    # tf32x3 dW from frames pre-split into tf32 high and low planes (three tf32 dots a step), or
+    # Triton's register-split tf32x3 dot: both as accurate as torch's fp32 dW.
+    from ge2.kernels import conv as K
+    from ge2.kernels import conv_framed as FR
+
+    monkeypatch.setattr(K, "DW_DIRECT_MACS", {})
+    monkeypatch.setattr(FR, "PLANAR_SPLIT", split)
+    frames = []
+    real_frame = FR.frame
+    monkeypatch.setattr(FR, "frame", lambda *a, **kw: frames.append(kw.get("split", False)) or real_frame(*a, **kw))
+    old = ge2.set_matmul_precision("tf32x3")
+    try:
+        _check_conv((2, 16, 5, 7, 20, (3, 3), 1, 1, 1, 1), "nchw", act="relu", seed=44)
+    finally:
+        ge2.set_matmul_precision(old)
+    assert frames.count(True) == (2 if split else 0)  # gZ's and x's planar frames
+
+
+def test_conv2d_frame_split_planes_are_tf32_high_and_exact_low():
+    from ge2.kernels.conv_framed import frame
+
+    t = randn(2, 3, 4, 5, seed=45) * torch.logspace(-20, 20, 5, device=DEVICE)  # exponents far apart
+    planes = frame(t, 5, 6, planar=True, origin=3, split=True)
+    plain = frame(t, 5, 6, planar=True, origin=3)
+    assert planes.shape == (2, *plain.shape)
+    hi, lo = planes[0], planes[1]
+    assert ((hi.view(torch.int32) & 0x1FFF) == 0).all()  # 10 mantissa bits: exact in tf32
+    assert torch.equal(hi + lo, plain)  # the low part is the exact rest
+    assert (lo.abs() <= hi.abs() * 2.0 ** -11).all()  # rounded to nearest
+    rounded = plain.double()  # round to nearest, ties away from zero, in float64
+    scale = torch.exp2(torch.floor(torch.log2(rounded.abs().clamp_min(1e-300))) - 10)
+    assert torch.equal(hi.double(), torch.where(rounded == 0, rounded, torch.sign(rounded) * torch.floor(
+        rounded.abs() / scale + 0.5) * scale))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

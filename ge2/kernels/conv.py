@@ -1111,6 +1111,10 @@ DW_PARTIAL_FLOATS = 1 << 20
 # multiply-adds, per matmul precision; above it the tensor-core loop. tf32x3's dot is three
 # register-routed tensor-core passes per step, so the FMA loop wins far longer there.
 DW_DIRECT_MACS = {"ieee": 1 << 28, "tf32x3": 1 << 28, "tf32": 1 << 25}
+# A dW of at most this many columns (C*R*S: a 1-channel stem) fills at most half of a 32-wide MMA
+# tile: it runs direct up to the largest cap above whatever the precision. bench_train's CNN b512
+# conv1 (32x1x3x3 over 512x28x28 pixels, 116 M MACs) took 319 us through the tf32 dot, 130 direct.
+DW_DIRECT_NARROW = 16
 # Pixels per tensor-core dW step: output rows narrower than this are taken several at a time
 # (a 14-wide row alone is a 16-deep step: one bf16 MMA per loop trip, mostly loop overhead).
 DW_STEP_PIXELS = 64
@@ -1120,9 +1124,15 @@ DB_PIXELS = tl.constexpr(256)  # pixels per step of dW's bias-gradient programs 
 DEPTHWISE_DW_TARGET_PROGRAMS = 4 if runtime.is_interpreter() else 528  # interpreter: a few, to test the sum
 
 
-def _direct_dw(dtype: torch.dtype, macs: int) -> bool:
-    """Whether dW of ``macs`` multiply-adds runs on the CUDA cores (fp32 up to DW_DIRECT_MACS)."""
-    return dtype == torch.float32 and macs <= DW_DIRECT_MACS.get(_precision(dtype), 0)
+def _direct_dw(dtype: torch.dtype, macs: int, cols: int) -> bool:
+    """Whether a dW of ``macs`` multiply-adds and ``cols`` = C/groups*R*S columns runs on the CUDA
+    cores (fp32 up to DW_DIRECT_MACS; narrow ones up to its largest cap)."""
+    if dtype != torch.float32:
+        return False
+    cap = DW_DIRECT_MACS.get(_precision(dtype), 0)
+    if cols <= DW_DIRECT_NARROW:
+        cap = max(DW_DIRECT_MACS.values(), default=0)
+    return macs <= cap
 
 
 def _dw_splits(steps: int, tiles: int, row: int = 1, gz_numel: int = 0) -> tuple[int, int]:
@@ -1220,7 +1230,7 @@ def _dw(gy: torch.Tensor, saved: torch.Tensor | None, x: torch.Tensor, weight: t
     ncols = Cg if per_tap else CRS
     tiles = runtime.cdiv(Kg, 64) * runtime.cdiv(ncols, 32) * geo.groups * taps
     numerics = _numerics(x.dtype)
-    direct = _direct_dw(x.dtype, L * K * CRS)
+    direct = _direct_dw(x.dtype, L * K * CRS, CRS)
     if per_tap and x.dtype == torch.float32 and numerics["PRECISION"] != "ieee" and not direct and is_channels_last(x):
         # tf32 wgmma takes K-major operands only, and NHWC's run along channels, not along the pixel
         # reduction: NCHW copies of gY and X cost less than the strided dW (docs/conv.md, dW).
@@ -1267,7 +1277,7 @@ def conv2d_backward(gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, sav
     depthwise = _is_depthwise(weight, geo.groups)
     framed = conv_framed.supports(x, weight, geo.stride, geo.groups) and gy.numel() > 0
     # fp32 dW: framed (tensor cores) unless the CUDA-core loop takes it
-    framed_dw = framed and need_w and not _direct_dw(x.dtype, gy.numel() * Cg * R * S)
+    framed_dw = framed and need_w and not _direct_dw(x.dtype, gy.numel() * Cg * R * S, Cg * R * S)
     fused_dw = need_w and not depthwise and not framed_dw and not (Cg >= TAP_MIN_CHANNELS and x.element_size() <= 2)
     need_gz = need_x or (need_w and not fused_dw)
     copy_gz = need_gz and (code != activations.NONE or gy.dtype != x.dtype)

@@ -54,6 +54,7 @@ def _block_shapes(nargs) -> None:
     bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
     if "x_desc" not in nargs:  # planar dW: gZ's [channels, rows] tiles (x is read by pointers)
         nargs["g_desc"].block_shape = [bm, bk]
+        nargs["g_lo_desc"].block_shape = [bm, bk]
     elif "g_desc" in nargs:  # dW from row frames: [rows, channels] tiles
         nargs["g_desc"].block_shape = [bk, bm]
         nargs["x_desc"].block_shape = [bk, bn]
@@ -360,15 +361,20 @@ def _store_dw_partial(out_ptr, acc, row, k0, c0, K, C, BLOCK_M: tl.constexpr, BL
 # for 64 channels (more programs for the latency of the pointer loads), 128-row ones for wider layers.
 PLANAR_DW_CONFIGS = [_cfg(bm, bn, 32, warps, stages) for bm, bn, warps, stages in
                      [(64, 64, 4, 3), (64, 64, 4, 4), (128, 64, 4, 3), (64, 128, 4, 4), (128, 128, 8, 3)]]
+# tf32x3 dW from frames split into tf32 high and low planes (``frame(split=True)``): three plain tf32
+# dots a step on operands that stay in shared memory. Triton's own tf32x3 dot splits the operands in
+# registers every step: bench_train's CNN b512 conv2 dW (64x32x3x3 over 512x16x16 frame rows) took
+# 1018 us that way against 75 us for one tf32 dot (bench/profile_cnn_step.py). Off: Triton's tf32x3.
+PLANAR_SPLIT = True
 
 
-@runtime.autotune(PLANAR_DW_CONFIGS, key=["M", "K", "C", "S", "SPLIT_STEPS", "PRECISION"],
+@runtime.autotune(PLANAR_DW_CONFIGS, key=["M", "K", "C", "S", "SPLIT_STEPS", "PRECISION", "SPLIT"],
                   default=INTERPRETER_CONFIG, prune_configs_by={"early_config_prune": _prune_dw},
                   do_bench=runtime.tuning_bench)
-@triton.jit(do_not_specialize=["M", "x_cols", "shift0", "tap_dh", "SPLIT_STEPS"])
+@triton.jit(do_not_specialize=["M", "x_cols", "x_plane", "shift0", "tap_dh", "SPLIT_STEPS"])
 def conv2d_planar_dw_kernel(
-    g_desc, x_ptr, M, K, C, x_cols, x_stride, shift0, tap_dh, tap_dw, S, SPLIT_STEPS, out_ptr,
-    PRECISION: tl.constexpr,
+    g_desc, g_lo_desc, x_ptr, M, K, C, x_cols, x_stride, x_plane, shift0, tap_dh, tap_dw, S, SPLIT_STEPS, out_ptr,
+    PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """Split program_id(2)'s partial of fp32 dW's tap program_id(1) = (r, s), tile program_id(0) of
@@ -379,7 +385,9 @@ def conv2d_planar_dw_kernel(
     G comes by TMA at j (a multiple of BLOCK_K). X, x_cols columns of x_stride apart, comes by
     pointer loads: a tap's shift is any column, and TMA faults on an innermost start that is not
     16-byte aligned (one shifted copy of x per residue mod 4 cost three frame passes instead of
-    one); Triton streams them into shared memory with cp.async all the same."""
+    one); Triton streams them into shared memory with cp.async all the same.
+    SPLIT (tf32x3): G and X are tf32 high parts, g_lo_desc and X + x_plane the low parts (x - high);
+    G X^T ~ G_hi X_hi^T + G_hi X_lo^T + G_lo X_hi^T in tf32 (PRECISION), small terms first."""
     pid_m, pid_n = _tile_coords(tl.program_id(0), K, C, BLOCK_M, BLOCK_N, GROUP_M)
     tap = tl.program_id(1)
     r = tap // S
@@ -395,8 +403,13 @@ def conv2d_planar_dw_kernel(
     for step in range(first, last):
         j = step * BLOCK_K
         g = g_desc.load([k0, j])  # [out channels, rows]; rows past M are zero-filled
-        x = tl.load(x_rows + (j + cols)[None, :], mask=(offs_c < C)[:, None] & (j + cols < x_cols)[None, :],
-                    other=0.0)  # [in channels, rows]
+        x_mask = (offs_c < C)[:, None] & (j + cols < x_cols)[None, :]
+        x = tl.load(x_rows + (j + cols)[None, :], mask=x_mask, other=0.0)  # [in channels, rows]
+        if SPLIT:
+            g_lo = g_lo_desc.load([k0, j])
+            x_lo = tl.load(x_rows + x_plane + (j + cols)[None, :], mask=x_mask, other=0.0)
+            acc = tl.dot(g_lo, x.T, acc, input_precision=PRECISION, out_dtype=tl.float32)
+            acc = tl.dot(g, x_lo.T, acc, input_precision=PRECISION, out_dtype=tl.float32)
         acc = tl.dot(g, x.T, acc, input_precision=PRECISION, out_dtype=tl.float32)
     _store_dw_partial(out_ptr, acc, split * tl.num_programs(1) + tap, k0, c0, K, C, BLOCK_M, BLOCK_N)
 
@@ -479,13 +492,14 @@ FRAME_TILE = 4096
 
 
 @triton.jit
-def conv2d_frame_kernel(src_ptr, dst_ptr, C, H, W, Hf, Wf, ssn, ssc, ssh, ssw, dst_stride,
-                        PLANAR: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
+def conv2d_frame_kernel(src_ptr, dst_ptr, C, H, W, Hf, Wf, ssn, ssc, ssh, ssw, dst_stride, dst_plane,
+                        PLANAR: tl.constexpr, SPLIT: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
     """Frame row (n, v) = program_id(0), columns and channels by blocks: frame pixel
     j = (n*Hf + v)*Wf + u gets src[n, c, v, u] inside the image, 0 in the gaps; stored at
     dst[j, c] (row frame) or dst[c, j] (PLANAR). Loads run along whichever of (u, c) is
     contiguous in src; where the store runs along the other, the compiler transposes the tile
-    through shared memory."""
+    through shared memory. SPLIT (fp32): the value's tf32 rounding (to nearest, ties away, as
+    cvt.rna.tf32) at dst, what it leaves (exact in fp32) at dst + dst_plane."""
     row = tl.program_id(0)
     n = row // Hf
     v = row - n * Hf
@@ -500,7 +514,12 @@ def conv2d_frame_kernel(src_ptr, dst_ptr, C, H, W, Hf, Wf, ssn, ssc, ssh, ssw, d
         dst = dst_ptr + j[:, None] + c[None, :].to(tl.int64) * dst_stride
     else:
         dst = dst_ptr + j[:, None] * dst_stride + c[None, :]
-    tl.store(dst, vals, mask=(u < Wf)[:, None] & c_ok[None, :])
+    store_mask = (u < Wf)[:, None] & c_ok[None, :]
+    if SPLIT:
+        hi = ((vals.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+        tl.store(dst + dst_plane, vals - hi, mask=store_mask)
+        vals = hi
+    tl.store(dst, vals, mask=store_mask)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -537,25 +556,28 @@ def _row_stride(channels: int, dtype: torch.dtype) -> int:
     return runtime.cdiv(channels, per) * per
 
 
-def frame(t: torch.Tensor, Hf: int, Wf: int, planar: bool = False, origin: int = 0) -> torch.Tensor:
+def frame(t: torch.Tensor, Hf: int, Wf: int, planar: bool = False, origin: int = 0,
+          split: bool = False) -> torch.Tensor:
     """t [N, C, H, W] (any strides) as a frame [N*Hf*Wf, C], or planar [C, origin + N*Hf*Wf] with
-    ``origin`` zero columns first; outer stride 16-byte aligned."""
+    ``origin`` zero columns first; outer stride 16-byte aligned. ``split`` (planar fp32):
+    [2, C, origin + N*Hf*Wf], t's tf32 high parts in [0], the low parts (t - high) in [1]."""
     Nb, C, H, W = t.shape
     rows = Nb * Hf * Wf
     if planar:
-        buf = torch.empty((C, _row_stride(origin + rows, t.dtype)), dtype=t.dtype, device=t.device)
+        cols = _row_stride(origin + rows, t.dtype)
+        buf = torch.empty((2, C, cols) if split else (C, cols), dtype=t.dtype, device=t.device)
         if origin:
-            buf[:, :origin].fill_(0)
-        dst = buf[:, origin:]
+            buf[..., :origin].fill_(0)
+        dst = buf[..., origin:]
     else:
         buf = dst = torch.empty((rows, _row_stride(C, t.dtype)), dtype=t.dtype, device=t.device)
     block_w = min(triton.next_power_of_2(Wf), 64)
     # ~FRAME_TILE elements a program (a 16-wide row of 14 pixels times 64 channels moved 2 KB: too little)
     block_c = 16 if runtime.is_interpreter() else min(triton.next_power_of_2(C), max(16, FRAME_TILE // block_w))
     grid = (Nb * Hf, runtime.cdiv(Wf, block_w), runtime.cdiv(C, block_c))
-    conv2d_frame_kernel[grid](t, dst, C, H, W, Hf, Wf, *t.stride(), buf.stride(0), PLANAR=planar,
-                              BLOCK_W=block_w, BLOCK_C=block_c)
-    return buf[:, :origin + rows] if planar else buf[:, :C]
+    conv2d_frame_kernel[grid](t, dst, C, H, W, Hf, Wf, *t.stride(), buf.stride(-2), buf.stride(0) if split else 0,
+                              PLANAR=planar, SPLIT=split, BLOCK_W=block_w, BLOCK_C=block_c)
+    return buf[..., :origin + rows] if planar else buf[:, :C]
 
 
 def _descriptor(t: torch.Tensor, round_tf32: bool, shape: list[int] | None = None,
@@ -793,13 +815,17 @@ def _dw_planar(gz: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, Hf: int, Wf:
     Nb = x.shape[0]
     K, C, R, S = dw.shape
     rows = Nb * Hf * Wf
-    round_tf32 = _precision(x.dtype) == "tf32" and not runtime.is_interpreter()
-    g_desc = _descriptor(frame(gz, Hf, Wf, planar=True), round_tf32)
+    precision = _precision(x.dtype)
+    split = PLANAR_SPLIT and precision == "tf32x3"
+    round_tf32 = precision == "tf32" and not runtime.is_interpreter()
+    g = frame(gz, Hf, Wf, planar=True, split=split)
+    g_desc = _descriptor(g[0] if split else g, round_tf32)
     (ph, pw), (dh, dw_) = pad, dilation
     origin = max(ph * Wf + pw, 0)
-    f = frame(x, Hf, Wf, planar=True, origin=origin)
+    f = frame(x, Hf, Wf, planar=True, origin=origin, split=split)
     partials, per = _dw_partials(dw, _frame_steps(rows, PLANAR_DW_CONFIGS))
     conv2d_planar_dw_kernel[_dw_grid(dw, partials)](
-        g_desc, f, rows, K, C, f.shape[1], f.stride(0), origin - ph * Wf - pw, dh * Wf, dw_, S, per, partials,
-        PRECISION=_precision(dw.dtype))
+        g_desc, _descriptor(g[1], False) if split else g_desc, f, rows, K, C, f.shape[-1], f.stride(-2),
+        f.stride(0) if split else 0, origin - ph * Wf - pw, dh * Wf, dw_, S, per, partials,
+        PRECISION="tf32" if split else precision, SPLIT=split)
     _dw_finish(partials, dw)
