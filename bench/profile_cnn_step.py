@@ -1,7 +1,7 @@
 """Where bench_train's CNN b512 step spends its GPU time: ge2's captured step and torch's CUDA graph
 side by side (issue 26).
 
-    PYTHONPATH=. python3 bench/profile_cnn_step.py [--batch 512] [--precision fp32|tf32|both] [--rows 20]
+    PYTHONPATH=. python3 bench/profile_cnn_step.py [--batch 512] [--precision fp32|tf32|both] [--rows 20] [--ab]
 
 Per precision, both sides run the same computation from the same weights:
   fp32: fp32-accurate matmuls and convs. ge2 "tf32x3" (error-compensated tf32); torch with TF32 off
@@ -16,6 +16,7 @@ step (name, launches per step), largest first.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -77,7 +78,23 @@ def same_losses(batch: int, batches) -> tuple[float, float, float, float]:
     return out[0], out[1], out[2], out[3]
 
 
-def run(precision: str, batch: int, steps: int, nrows: int) -> dict:
+@contextlib.contextmanager
+def _old_paths():
+    """The switches of session 21's changes set as before them (``--ab``), call plans forgotten on the
+    way in and out (a plan replays the launches of its first call, whatever a switch says since)."""
+    from bench.harness import switched
+    from ge2.backend import call_plans
+    from ge2.kernels import conv, conv_framed
+
+    call_plans.clear()
+    try:
+        with switched(conv_framed, PLANAR_SPLIT=False), switched(conv, DW_DIRECT_NARROW=0):
+            yield
+    finally:
+        call_plans.clear()
+
+
+def run(precision: str, batch: int, steps: int, nrows: int, ab: bool = False) -> dict:
     ge2_prec, allow = PRECISIONS[precision]
     ge2.set_matmul_precision(ge2_prec)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = allow
@@ -94,7 +111,16 @@ def run(precision: str, batch: int, steps: int, nrows: int) -> dict:
     copy_weights(ref, mine)
     _, g_replay, captured = _ge2_runners(ge2_sgd_step(mine), batches)
     t_replay = _torch_graph(torch_sgd_step(ref)[0], batches, [0])
-    ms = replay_ms({"ge2_graph": g_replay, "torch_graph": t_replay})
+    fns = {"ge2_graph": g_replay, "torch_graph": t_replay}
+    if ab:  # the same step captured with the old paths (the switches are read while capturing)
+        old_ref, old_mine, _ = cnn_pair()
+        copy_weights(old_ref, old_mine.to(ge2.device()))
+        with _old_paths():
+            fns["ge2_graph_before"] = _ge2_runners(ge2_sgd_step(old_mine), batches)[1]
+    ms = replay_ms(fns)
+    if ab:
+        print(f"A/B: ge2 captured before session 21's changes {ms['ge2_graph_before']:.3f} ms, "
+              f"after {ms['ge2_graph']:.3f} ms", flush=True)
     assert captured.captures == 1, captured
     print(f"replays: ge2 captured {ms['ge2_graph']:.3f} ms, torch graph {ms['torch_graph']:.3f} ms, "
           f"torch / ge2 = {ms['torch_graph'] / ms['ge2_graph']:.2f}", flush=True)
@@ -119,10 +145,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5, help="profiled replays per side")
     ap.add_argument("--rows", type=int, default=20)
     ap.add_argument("--out", default=None, help="JSON file for the tables")
+    ap.add_argument("--ab", action="store_true", help="also time ge2's step captured with the old paths")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("profile_cnn_step: needs a GPU")
-    results = [run(p, args.batch, args.steps, args.rows)
+    results = [run(p, args.batch, args.steps, args.rows, args.ab)
                for p in (("fp32", "tf32") if args.precision == "both" else (args.precision,))]
     if args.out:
         Path(args.out).write_text(json.dumps({"commit": os.environ.get("GE2_COMMIT", ""), "runs": results}, indent=1))
