@@ -109,6 +109,26 @@ def _profile() -> None:
             print(f"  kernels in all {total:7.1f} us", flush=True)
 
 
+# The select's settings timed against the shipped ones at k = 1024 (each checked against torch).
+SWEEP = (dict(), dict(SELECT_GATHER=False), dict(SELECT_SORT_WARPS=4), dict(SELECT_SORT_WARPS=16),
+         dict(SELECT_PROGRAMS=2048, SELECT_BLOCK=4096, SELECT_WARPS=8), dict(SELECT_PROGRAMS=8192, SELECT_BLOCK=1024),
+         dict(SELECT_WARPS=8), dict(SELECT_PROGRAMS=8192, SELECT_BLOCK=1024, SELECT_WARPS=2),
+         dict(SELECT_PROGRAMS=16384, SELECT_BLOCK=512), dict(SELECT_LIST=16))
+
+
+def _sweep() -> None:
+    for m, n in SHAPES[:2]:
+        x = torch.randn(m, n, device="cuda")
+        t_torch = _time(lambda: torch.topk(x, 1024))
+        for setting in SWEEP:
+            with switched(SO, **setting):
+                try:
+                    ok = _topk_ok(x, 1024)
+                    _line(f"{m}x{n} k=1024 {setting or 'shipped'}", _time(lambda: SO.topk(x, 1024)), t_torch, ok)
+                except Exception as e:  # noqa: BLE001  (a setting that fails is reported, the rest go on)
+                    print(f"{m}x{n} {setting} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+
+
 def _gather() -> None:
     V, N, D = 32768, 16384, 1024
     copy = torch.empty(64 * 2 ** 20, device="cuda")
@@ -143,10 +163,13 @@ def main() -> None:
     ap.add_argument("--skip-profile", action="store_true")
     ap.add_argument("--baseline", default=None, help="an earlier ge2/kernels/sort.py, timed beside the present one")
     ap.add_argument("--row", action="store_true", help="also the one-program-a-row select's settings")
+    ap.add_argument("--sweep", action="store_true", help="also the select's settings (SWEEP) at k = 1024")
     args = ap.parse_args()
     old = _load(args.baseline) if args.baseline else None
-    _select(SHAPES[:2], (1024, 128, 4096, 50), old, args.row)
+    _select(SHAPES[:2], (1024, 128, 4096), old, args.row)
     _select(SHAPES[2:], (1024,), old, args.row)
+    if args.sweep:
+        _sweep()
     if not args.skip_profile:
         _profile()
     _gather()

@@ -99,6 +99,10 @@ SELECT_ROW_WARPS = 16
 # lane, merged sequentially), "bitonic" (merge path per block, then tl.bitonic_merge), "search" (a
 # binary search per element, as the 64-bit keys do).
 SELECT_LIST = 4
+# topk's select: the sort of the k writes values and indices (no gather launch); warps of that sort
+# (0: 8 for k of 1024 or more, else 4).
+SELECT_GATHER = True
+SELECT_SORT_WARPS = 0
 MERGE = "lanes"
 MERGE_SEQ = 8
 TILE_WARPS = 0  # warps of the tile pass; 0: 8 for tiles of 512+ elements, else 4
@@ -343,13 +347,20 @@ def _run_lengths(n: int, run: int, cap: int) -> int:
     return (runs - 1) * min(run, cap) + min(n - (runs - 1) * run, cap)
 
 
+def _selects(x2: torch.Tensor, cap: int) -> bool:
+    """Whether sorted_rows takes the radix select for the first cap of x2's rows."""
+    N = x2.shape[1]
+    return (x2.dtype not in _WIDE_KEYS and PACKED_SORT and TILE < N <= SELECT_MAX_N
+            and SELECT_MIN_K <= cap <= min(SELECT_MAX_K, N - 1))
+
+
 def sorted_rows(x2: torch.Tensor, descending: bool, cap: int | None = None) -> torch.Tensor:
     """x2 [M, N] (any strides) -> each row's first min(N, cap) elements in sort order, [M, min(N, cap)]:
     int32 indices, or int64 packed key << 32 | index (for 32-bit keys on the GPU)."""
     M, N = x2.shape
     cap = N if cap is None else min(cap, N)
     packed = x2.dtype not in _WIDE_KEYS and PACKED_SORT
-    if packed and TILE < N <= SELECT_MAX_N and SELECT_MIN_K <= cap <= min(SELECT_MAX_K, N - 1):
+    if _selects(x2, cap):
         if SELECT_ROW and M >= SELECT_ROW_MIN_M:
             return select_rows_each(x2, descending, cap)
         return select_rows(x2, descending, cap)
@@ -732,19 +743,31 @@ def _select_pass_kernel(x_ptr, hist_ptr, ticket_ptr, state_ptr, order_ptr, list_
 
 
 @triton.jit
-def _sort_rows_kernel(key_ptr, K, IB, KP: tl.constexpr, COMBINED: tl.constexpr):
+def _sort_rows_kernel(key_ptr, x_ptr, values_ptr, indices_ptr, K, IB, stride_xm, stride_xn, KP: tl.constexpr,
+                      COMBINED: tl.constexpr, GATHER: tl.constexpr):
     """Sort each row of K packed keys in place (one program per row, KP >= K a power of two); COMBINED:
-    the select's (key + 2^31) << IB | index, written back as packed key << 32 | index."""
+    the select's (key + 2^31) << IB | index, written back as packed key << 32 | index, or with GATHER
+    as values[m, j] = x[m, index] and int64 indices[m, j] instead."""
     row = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, KP)
-    v = tl.sort(tl.load(key_ptr + row * K + j, mask=j < K, other=_INT64_MAX))
+    live = j < K
+    v = tl.sort(tl.load(key_ptr + row * K + j, mask=live, other=_INT64_MAX))
     if COMBINED:
-        v = (((v >> IB) - 2**31) << 32) | (v & ((1 << IB) - 1))
-    tl.store(key_ptr + row * K + j, v, mask=j < K)
+        index = v & ((1 << IB) - 1)
+        if GATHER:
+            x = tl.load(x_ptr + row * stride_xm + index * stride_xn, mask=live)
+            tl.store(values_ptr + row * K + j, x, mask=live)
+            tl.store(indices_ptr + row * K + j, index, mask=live)
+        else:
+            tl.store(key_ptr + row * K + j, (((v >> IB) - 2**31) << 32) | index, mask=live)
+    else:
+        tl.store(key_ptr + row * K + j, v, mask=live)
 
 
-def select_rows(x2: torch.Tensor, descending: bool, k: int) -> torch.Tensor:
-    """x2 [M, N] (32-bit keys or narrower) -> packed key << 32 | index [M, k]: each row's first k in sort order.
+def select_rows(x2: torch.Tensor, descending: bool, k: int,
+                out: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
+    """x2 [M, N] (32-bit keys or narrower) -> packed key << 32 | index [M, k]: each row's first k in sort order
+    (or, given out = (values [M, k], int64 indices [M, k]), those written there by the sort).
 
     Digit passes over (key, index) as one (32 + IB)-bit number, 8 bits a pass from the top; the
     index's bits make every element distinct (ties: lowest index first). Pass 0 and 1 read the row;
@@ -774,8 +797,10 @@ def select_rows(x2: torch.Tensor, descending: bool, k: int) -> torch.Tensor:
                                       DESCENDING=bool(descending), IB=ib, PASS=p, PASSES=passes,
                                       BLOCK=SELECT_BLOCK, LBLOCK=lblock, num_warps=SELECT_WARPS)
     kp = triton.next_power_of_2(k)
-    _sort_rows_kernel[(M,)](order, k, ib, KP=kp, COMBINED=True, num_warps=8 if kp >= 1024 else 4)
-    return order
+    values, indices = out if out is not None else (order, order)
+    _sort_rows_kernel[(M,)](order, x2, values, indices, k, ib, x2.stride(0), x2.stride(1), KP=kp, COMBINED=True,
+                            GATHER=out is not None, num_warps=SELECT_SORT_WARPS or (8 if kp >= 1024 else 4))
+    return None if out is not None else order
 
 
 @triton.jit
@@ -855,7 +880,8 @@ def select_rows_each(x2: torch.Tensor, descending: bool, k: int) -> torch.Tensor
     _select_row_kernel[(M,)](x2, order, N, k, cdiv(N, block), x2.stride(0), x2.stride(1),
                              DESCENDING=bool(descending), BLOCK=block, num_warps=SELECT_ROW_WARPS)
     kp = triton.next_power_of_2(k)
-    _sort_rows_kernel[(M,)](order, k, 0, KP=kp, COMBINED=False, num_warps=8 if kp >= 1024 else 4)
+    _sort_rows_kernel[(M,)](order, order, order, order, k, 0, 0, 0, KP=kp, COMBINED=False, GATHER=False,
+                            num_warps=8 if kp >= 1024 else 4)
     return order
 
 
@@ -938,6 +964,12 @@ def _select(x: torch.Tensor, dim: int, k: int, descending: bool) -> tuple[torch.
     x2, lead = _rows(x, dim)
     if RADIX_SORT and k == x2.shape[1] >= RADIX_MIN_N and x2.dtype not in _WIDE_KEYS:
         values, indices = radix_sort_rows(x2, descending)
+        return _unrows(values, lead, dim, x.dim()), _unrows(indices, lead, dim, x.dim())
+    if x2.numel() and k and SELECT_GATHER and _selects(x2, k) and not (SELECT_ROW and x2.shape[0] >= SELECT_ROW_MIN_M):
+        # the select's sort writes values and indices itself (no order buffer read back by a gather)
+        values = torch.empty((x2.shape[0], k), dtype=x2.dtype, device=x.device)
+        indices = torch.empty((x2.shape[0], k), dtype=torch.int64, device=x.device)
+        select_rows(x2, descending, k, out=(values, indices))
         return _unrows(values, lead, dim, x.dim()), _unrows(indices, lead, dim, x.dim())
     if x2.numel() and k:
         order = sorted_rows(x2, descending, cap=k)
