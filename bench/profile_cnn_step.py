@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -31,27 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import ge2  # noqa: E402
 from bench.bench_train import (_ge2_runners, _torch_graph, cnn_pair, copy_weights, ge2_sgd_step,  # noqa: E402
                                torch_sgd_step)
+from bench.profile_gpt import kernel_table  # noqa: E402
 
 PRECISIONS = {"fp32": ("tf32x3", False), "tf32": ("tf32", True)}  # ours: (ge2 precision, torch allow_tf32)
 
 
-def kernel_table(fn, steps: int) -> list[tuple[str, int, float]]:
+def kernel_us(fn, steps: int) -> list[tuple[str, int, float]]:
     """[(kernel name, launches per step, µs per step)] of ``steps`` profiled calls of ``fn``, largest first."""
-    from torch.profiler import ProfilerActivity, profile
-
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
-    total: dict[str, float] = defaultdict(float)
-    calls: dict[str, int] = defaultdict(int)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            total[e.name] += e.device_time
-            calls[e.name] += 1
-    rows = [(name[:80], round(calls[name] / steps), us / steps) for name, us in total.items()]
-    return sorted(rows, key=lambda r: -r[2])
+    return [(name, calls, ms * 1e3) for name, calls, ms in kernel_table(fn, steps)]
 
 
 def replay_ms(fns: dict, rounds: int = 5) -> dict[str, float]:
@@ -127,7 +114,7 @@ def run(precision: str, batch: int, steps: int, nrows: int, ab: bool = False) ->
     result = {"precision": precision, "ge2_precision": ge2_prec, "torch_allow_tf32": allow, "batch": batch,
               "loss_step1": [g1, t1], "loss_step2": [g2, t2], **{f"{k}_ms": v for k, v in ms.items()}}
     for side, fn in (("ge2", g_replay), ("torch", t_replay)):
-        rows = kernel_table(fn, steps)
+        rows = kernel_us(fn, steps)
         total = sum(r[2] for r in rows)
         print(f"\n{side} ({precision}): {total:.1f} us of kernels per step, {sum(r[1] for r in rows)} launches")
         print(f"{'us':>8} {'share':>6} {'calls':>5}  kernel")
