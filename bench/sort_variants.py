@@ -36,9 +36,9 @@ from ge2.kernels import sort as SO  # noqa: E402
 
 SHAPES = ((256, 32768), (64, 131072))
 TOPK_K = (50, 128, 256, 1024)
-# (SELECT_PROGRAMS, SELECT_LIST, SELECT_BLOCK, SELECT_WARPS)
-SELECT_VARIANTS = ((2048, 4, 4096, 8), (2048, 4, 4096, 4), (4096, 4, 2048, 4), (4096, 4, 2048, 8),
-                   (2048, 16, 4096, 8))
+# (SELECT_PROGRAMS, SELECT_ATOMIC_PASSES, SELECT_BLOCK, SELECT_WARPS)
+SELECT_VARIANTS = ((2048, True, 4096, 8), (2048, True, 4096, 4), (4096, True, 2048, 4), (4096, True, 2048, 8),
+                   (2048, False, 4096, 8))
 # (RADIX_BITS, RADIX_TILE, RADIX_WARPS, RADIX_SUB): ptxas (CPU) gives the scatter 48-80 registers a thread
 RADIX_VARIANTS = ((5, 1024, 8, 1024), (5, 1024, 8, 256), (5, 2048, 8, 2048), (4, 1024, 8, 1024), (6, 2048, 8, 2048),
                   (8, 2048, 8, 2048), (8, 4096, 8, 4096))
@@ -90,7 +90,7 @@ def main() -> None:
         _radix()
         return
     base = _load(args.baseline) if args.baseline else None
-    settings = ("SELECT_MIN_K", "SELECT_PROGRAMS", "SELECT_LIST", "SELECT_BLOCK", "SELECT_WARPS")
+    settings = ("SELECT_MIN_K", "SELECT_PROGRAMS", "SELECT_ATOMIC_PASSES", "SELECT_BLOCK", "SELECT_WARPS")
     defaults = {name: getattr(SO, name) for name in settings}
     for m, n in SHAPES:
         x = torch.randn(m, n, device="cuda")
@@ -117,10 +117,10 @@ def main() -> None:
             SO.SELECT_MIN_K = 10**9
             _line(f"topk {m}x{n} k={k} capped merges", lambda: SO.topk(x, k), t_torch, lambda: topk_ok(SO))
             SO.SELECT_MIN_K = 1
-            for programs, lists, block, warps in SELECT_VARIANTS:
-                SO.SELECT_PROGRAMS, SO.SELECT_LIST, SO.SELECT_BLOCK, SO.SELECT_WARPS = \
-                    programs, lists, block, warps
-                _line(f"topk {m}x{n} k={k} select programs {programs} lists N/{lists} block {block} warps {warps}",
+            for programs, atomic, block, warps in SELECT_VARIANTS:
+                SO.SELECT_PROGRAMS, SO.SELECT_ATOMIC_PASSES, SO.SELECT_BLOCK, SO.SELECT_WARPS = \
+                    programs, atomic, block, warps
+                _line(f"topk {m}x{n} k={k} select programs {programs} atomic {atomic} block {block} warps {warps}",
                       lambda: SO.topk(x, k), t_torch, lambda: topk_ok(SO))
             for name in settings:
                 setattr(SO, name, defaults[name])
@@ -228,15 +228,14 @@ def _registers() -> None:
 
     ptxas = glob.glob(str(Path(triton.__file__).parent / "backends/nvidia/bin/ptxas"))[0]
     types = dict(x_ptr="*fp32", hist_ptr="*i32", ticket_ptr="*i32", state_ptr="*i64", count_ptr="*i32",
-                 order_ptr="*i64", list_ptr="*i64", M="i32", N="i32", k="i32", G="i32", span="i32",
-                 chunks="i32", cap="i32", lspan="i32", lchunks="i32", stride_xm="i32", stride_xn="i32")
-    for fn, label, const in ((SO._select_pass_kernel, "pass 0", dict(PASS=0)),
-                             (SO._select_pass_kernel, "pass 1", dict(PASS=1)),
-                             (SO._select_pass_kernel, "pass 2", dict(PASS=2)),
-                             (SO._select_pass_kernel, "take (pass 6)", dict(PASS=6))):
+                 order_ptr="*i64", M="i32", N="i32", k="i32", G="i32", span="i32", chunks="i32",
+                 stride_xm="i32", stride_xn="i32")
+    for fn, label, const in ((SO._select_pass_kernel, "pass 0", dict(PASS=0, ATOMIC=False)),
+                             (SO._select_pass_kernel, "pass 1", dict(PASS=1, ATOMIC=True)),
+                             (SO._select_take_kernel, "take", dict(PASSES=6))):
         for warps, block in ((SO.SELECT_WARPS, SO.SELECT_BLOCK), (8, 4096)):
             names = fn.arg_names
-            consts = dict(DESCENDING=True, IB=16, BLOCK=block, PASSES=6, LBLOCK=512, **const)
+            consts = dict(DESCENDING=True, IB=16, BLOCK=block, **const)
             src = ASTSource(fn=fn, signature={n: types.get(n, "constexpr") for n in names},
                             constexprs={(names.index(n),): v for n, v in consts.items()})
             kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})

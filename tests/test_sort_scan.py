@@ -211,18 +211,17 @@ def test_topk_best_of_tiles(monkeypatch):
     assert same(values, ref.values) and same(torch.gather(x, 1, indices[:, None])[:, 0], values)
 
 
-@pytest.mark.parametrize("programs, lists", [(512, 4), (1, 4), (512, 1000)])
-def test_topk_radix_select(monkeypatch, programs, lists):
+@pytest.mark.parametrize("programs, atomic", [(512, True), (1, False)])
+def test_topk_radix_select(monkeypatch, programs, atomic):
     """Large-k topk on long rows: digit-histogram select, then the k sorted (ties: lowest index first).
     Several programs per row (the last to finish a pass makes the row's choice), or one program
-    looping over the row's chunks; the survivors of a pass listed for the next (lists of N / 4), or
-    lists of one slot, which overflow, so the later passes read the row again."""
+    looping over the row's chunks with per-program histograms in every pass."""
     monkeypatch.setattr(SO, "PACKED_SORT", True)
     monkeypatch.setattr(SO, "TILE", 8)
     monkeypatch.setattr(SO, "SELECT_MIN_K", 1)
     monkeypatch.setattr(SO, "SELECT_BLOCK", 32)
     monkeypatch.setattr(SO, "SELECT_PROGRAMS", programs)
-    monkeypatch.setattr(SO, "SELECT_LIST", lists)
+    monkeypatch.setattr(SO, "SELECT_ATOMIC_PASSES", atomic)
     x = (2 * sample(2, 70, seed=26)).round()  # many ties at the k-th place: the index digits decide
     x[1, 5] = x[1, 60] = math.nan
     x[0, 3], x[0, 9], x[0, 40] = -0.0, 0.0, -0.0  # -0 == +0: tied, lowest index first

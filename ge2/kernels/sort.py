@@ -93,16 +93,11 @@ SELECT_ROW_MIN_M = 32
 SELECT_ROW_BLOCK = 4096
 SELECT_ROW_WARPS = 16
 # Pass 0 counts every element (tl.histogram: per-program counts, 256 atomics); later passes count
-# only the survivors, by masked atomics (tl.histogram's cost does not shrink with its mask), and
-# list them for the next pass while a row's list holds at most N / SELECT_LIST (beyond that the
-# next pass reads the row again). MERGE: how packed runs merge: "lanes" (merge path per lane, MERGE_SEQ outputs a
+# only the few elements under the prefix, by masked atomics (tl.histogram's cost does not shrink
+# with its mask). MERGE: how packed runs merge: "lanes" (merge path per lane, MERGE_SEQ outputs a
 # lane, merged sequentially), "bitonic" (merge path per block, then tl.bitonic_merge), "search" (a
 # binary search per element, as the 64-bit keys do).
-SELECT_LIST = 4
-# topk's select: the sort of the k writes values and indices (no gather launch); warps of that sort
-# (0: 8 for k of 1024 or more, else 4).
-SELECT_GATHER = True
-SELECT_SORT_WARPS = 0
+SELECT_ATOMIC_PASSES = True
 MERGE = "lanes"
 MERGE_SEQ = 8
 TILE_WARPS = 0  # warps of the tile pass; 0: 8 for tiles of 512+ elements, else 4
@@ -347,20 +342,13 @@ def _run_lengths(n: int, run: int, cap: int) -> int:
     return (runs - 1) * min(run, cap) + min(n - (runs - 1) * run, cap)
 
 
-def _selects(x2: torch.Tensor, cap: int) -> bool:
-    """Whether sorted_rows takes the radix select for the first cap of x2's rows."""
-    N = x2.shape[1]
-    return (x2.dtype not in _WIDE_KEYS and PACKED_SORT and TILE < N <= SELECT_MAX_N
-            and SELECT_MIN_K <= cap <= min(SELECT_MAX_K, N - 1))
-
-
 def sorted_rows(x2: torch.Tensor, descending: bool, cap: int | None = None) -> torch.Tensor:
     """x2 [M, N] (any strides) -> each row's first min(N, cap) elements in sort order, [M, min(N, cap)]:
     int32 indices, or int64 packed key << 32 | index (for 32-bit keys on the GPU)."""
     M, N = x2.shape
     cap = N if cap is None else min(cap, N)
     packed = x2.dtype not in _WIDE_KEYS and PACKED_SORT
-    if _selects(x2, cap):
+    if packed and TILE < N <= SELECT_MAX_N and SELECT_MIN_K <= cap <= min(SELECT_MAX_K, N - 1):
         if SELECT_ROW and M >= SELECT_ROW_MIN_M:
             return select_rows_each(x2, descending, cap)
         return select_rows(x2, descending, cap)
@@ -609,198 +597,129 @@ def _combined_key(x, cols, DESCENDING: tl.constexpr, IB: tl.constexpr):
 
 
 @triton.jit
-def _select_sift(c, live, prefix, open_row, k, order_row, out_count, list_out, list_count, cap, hist_row,
-                 SHIFT: tl.constexpr, SURVIVE: tl.constexpr):
-    """Sort the survivors c (combined values; live) of the row by their top digits c >> SHIFT against the prefix.
+def _select_pass_kernel(x_ptr, hist_ptr, ticket_ptr, state_ptr, M, N, k, G, span, chunks, stride_xm, stride_xn,
+                        DESCENDING: tl.constexpr, IB: tl.constexpr, PASS: tl.constexpr, ATOMIC: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    """Digit PASS (8 bits from the top) of the row's elements under the prefix chosen so far -> the next choice.
 
-    Below it (or at it, when the row is no longer open) they are among the k: appended to order_row.
-    At it (open row) they survive: appended to list_out (its first cap slots) and their next digit
-    counted into hist_row. Each append takes its slots with one atomic per chunk (any order: the
-    k are sorted afterwards, and the index digits order the survivors)."""
-    top = c >> SHIFT
-    win = live & ((top < prefix) | ((open_row == 0) & (top == prefix)))
-    flags = win.to(tl.int32)
-    n = tl.sum(flags, 0)
-    first = tl.atomic_add(out_count, n, mask=n > 0, sem="relaxed")
-    slot = first + tl.cumsum(flags, 0) - 1
-    tl.store(order_row + slot, c, mask=win & (slot < k))
-    if SURVIVE:
-        keep = live & (top == prefix) & (open_row != 0)
-        flags = keep.to(tl.int32)
-        n = tl.sum(flags, 0)
-        first = tl.atomic_add(list_count, n, mask=n > 0, sem="relaxed")
-        pos = first + tl.cumsum(flags, 0) - 1
-        tl.store(list_out + pos, c, mask=keep & (pos < cap))
-        digit = ((c >> (SHIFT - 8)) & 255).to(tl.int32)
-        tl.atomic_add(hist_row + digit, tl.full(digit.shape, 1, tl.int32), mask=keep, sem="relaxed")
-
-
-@triton.jit
-def _select_choose(hist_row, ticket_ptr, state_ptr, M, row, G, prefix, k_rem, PASS: tl.constexpr,
-                   PASSES: tl.constexpr):
-    """The row's last program to finish pass PASS (a ticket) picks its digit: state[PASS, row] =
-    (prefix, k still needed, done, pass done at). done: the chosen bin holds exactly the count still
-    needed; then the later passes' states are the same (they read nothing) and the next pass takes
-    every survivor at or below the prefix."""
+    Program (row, part) counts its span of the row (chunks of BLOCK) into hist[PASS, row]; the row's
+    last program to arrive (a ticket) reads the finished histogram and writes the row's state after
+    this pass, state[PASS, row] = (prefix, bits fixed, k still needed, done): the next pass reads it
+    once instead of every program replaying the earlier choices. done: the chosen bin holds exactly
+    the count still needed, so every element under the prefix is among the k and later passes read
+    nothing."""
+    pid = tl.program_id(0)
+    row = (pid // G).to(tl.int64)
+    part = pid % G
+    if PASS == 0:
+        prefix = row * 0
+        bits = row * 0
+        k_rem = row * 0 + k
+        done = row * 0
+    else:
+        st = state_ptr + ((PASS - 1) * M + row) * 4
+        prefix = tl.load(st)
+        bits = tl.load(st + 1)
+        k_rem = tl.load(st + 2)
+        done = tl.load(st + 3)
+    TOP: tl.constexpr = 32 + IB - 8 * PASS
+    hist_row = hist_ptr + (PASS * M + row) * 256
+    bins = tl.arange(0, 256)
+    h = tl.zeros([256], tl.int32)
+    start = part.to(tl.int64) * span
+    end = tl.minimum(start + span, N)
+    for i in range(chunks):
+        cols = start + i * BLOCK + tl.arange(0, BLOCK)
+        live = (cols < end) & (done == 0)  # a finished row reads nothing
+        x = tl.load(x_ptr + row * stride_xm + cols * stride_xn, mask=live, other=0)
+        c = _combined_key(x, cols, DESCENDING, IB)
+        match = live & ((c >> TOP) == prefix)
+        digit = ((c >> (TOP - 8)) & 255).to(tl.int32)
+        if ATOMIC:  # the few elements under a prefix: one atomic each (tl.histogram costs the same masked or not)
+            tl.atomic_add(hist_row + digit, tl.full(digit.shape, 1, tl.int32), mask=match, sem="relaxed")
+        else:
+            h += tl.histogram(digit, 256, mask=match)
+    if not ATOMIC:
+        tl.atomic_add(hist_row + bins, h, mask=h > 0, sem="relaxed")
     tl.debug_barrier()  # every thread's counts are issued before the release below
-    ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
+    ticket = tl.atomic_add(ticket_ptr + PASS * M + row, 1, sem="acq_rel")
     if ticket == G - 1:
-        bins = tl.arange(0, 256)
         # .cg: the other programs' counts from L2, never from a stale L1 line
         total = tl.load(hist_row + bins, cache_modifier=".cg")
         b = tl.sum((tl.cumsum(total, 0) < k_rem).to(tl.int64), 0)  # the bin holding the k_rem-th element
         below = tl.sum(tl.where(bins < b, total, 0).to(tl.int64), 0)
         at = tl.sum(tl.where(bins == b, total, 0).to(tl.int64), 0)
-        left = k_rem - below
-        done = at == left
-        for q in tl.static_range(PASS, PASSES):
-            out = state_ptr + (q * M + row) * 4
-            write = done | (row * 0 + q == PASS)
-            tl.store(out, prefix * 256 + b, mask=write)
-            tl.store(out + 1, left, mask=write)
-            tl.store(out + 2, done.to(tl.int64), mask=write)
-            tl.store(out + 3, row * 0 + PASS, mask=write)
+        open_row = done == 0
+        left = tl.where(open_row, k_rem - below, k_rem)
+        out = state_ptr + (PASS * M + row) * 4
+        tl.store(out, tl.where(open_row, prefix * 256 + b, prefix))
+        tl.store(out + 1, tl.where(open_row, bits + 8, bits))
+        tl.store(out + 2, left)
+        tl.store(out + 3, tl.where(open_row & (at == left), 1, done))
 
 
 @triton.jit
-def _select_pass_kernel(x_ptr, hist_ptr, ticket_ptr, state_ptr, order_ptr, list_ptr, count_ptr, M, N, k, G, span,
-                        chunks, cap, lspan, lchunks, stride_xm, stride_xn, DESCENDING: tl.constexpr,
-                        IB: tl.constexpr, PASS: tl.constexpr, PASSES: tl.constexpr, BLOCK: tl.constexpr,
-                        LBLOCK: tl.constexpr):
-    """Pass PASS of the radix select over (key, index) as one (32 + IB)-bit number c, 8 bits a pass from the top.
-
-    Pass 0 counts the top digit of every element (tl.histogram). Pass p >= 1 reads S, the row's
-    survivors of pass p - 1 (the whole row for p = 1; then pass p - 1's list, or the row filtered
-    by the prefix when the list overflowed its cap): those below the p-digit prefix are among the
-    k and are written out, those at it survive (listed, their digit p counted) and the row's last
-    program picks digit p. Once a pass finds the chosen bin holding exactly the count still needed,
-    the next pass takes every survivor at or below the prefix and the later ones read nothing;
-    PASS = PASSES is that take after the last digit (which always finishes the row: c is unique)."""
+def _select_take_kernel(x_ptr, state_ptr, count_ptr, order_ptr, M, N, k, G, span, chunks, stride_xm, stride_xn,
+                        DESCENDING: tl.constexpr, IB: tl.constexpr, PASSES: tl.constexpr, BLOCK: tl.constexpr):
+    """Write the row's k selected elements as packed key << 32 | index, in any order, to order[m, :k]."""
     pid = tl.program_id(0)
     row = (pid // G).to(tl.int64)
     part = pid % G
-    TOP: tl.constexpr = 32 + IB
-    base = x_ptr + row * stride_xm
+    st = state_ptr + ((PASSES - 1) * M + row) * 4
+    prefix = tl.load(st)
+    shift = 32 + IB - tl.load(st + 1)
     start = part.to(tl.int64) * span
     end = tl.minimum(start + span, N)
-    offs = tl.arange(0, BLOCK)
-    hist_row = hist_ptr + (PASS * M + row) * 256
-    if PASS == 0:
-        h = tl.zeros([256], tl.int32)
-        for i in range(chunks):
-            cols = start + i * BLOCK + offs
-            live = cols < end
-            x = tl.load(base + cols * stride_xn, mask=live, other=0)
-            h += tl.histogram((_combined_key(x, cols, DESCENDING, IB) >> (TOP - 8)).to(tl.int32), 256, mask=live)
-        bins = tl.arange(0, 256)
-        tl.atomic_add(hist_row + bins, h, mask=h > 0, sem="relaxed")
-        _select_choose(hist_row, ticket_ptr + row, state_ptr, M, row, G, row * 0, row * 0 + k, PASS, PASSES)
-    else:
-        SHIFT: tl.constexpr = TOP - 8 * PASS
-        SURVIVE: tl.constexpr = PASS < PASSES
-        st = state_ptr + ((PASS - 1) * M + row) * 4
-        prefix = tl.load(st)
-        k_rem = tl.load(st + 1)
-        open_row = (tl.load(st + 2) == 0).to(tl.int32)
-        active = (open_row != 0) | (tl.load(st + 3) == PASS - 1)  # open, or finished by the last pass: take
-        order_row = order_ptr + row * k
-        list_out = list_ptr + ((PASS % 2) * M + row) * cap
-        list_count = count_ptr + PASS * M + row
-        out_count = count_ptr + (PASSES + 1) * M + row  # the k written so far
-        if PASS == 1:
-            row_steps = tl.where(active, chunks, 0)
-            list_steps = 0
-            n_list = 0
-        else:
-            n_list = tl.load(count_ptr + (PASS - 1) * M + row)
-            listed = n_list <= cap
-            row_steps = tl.where(active & (listed == 0), chunks, 0)
-            list_steps = tl.where(active & listed, lchunks, 0)
-        for i in range(row_steps):
-            cols = start + i * BLOCK + offs
-            live = cols < end
-            x = tl.load(base + cols * stride_xn, mask=live, other=0)
-            c = _combined_key(x, cols, DESCENDING, IB)
-            if PASS > 1:  # the survivors of pass PASS - 1: their top PASS - 1 digits are the prefix's
-                live = live & ((c >> (SHIFT + 8)) == (prefix >> 8))
-            _select_sift(c, live, prefix, open_row, k, order_row, out_count, list_out, list_count, cap, hist_row,
-                         SHIFT, SURVIVE)
-        if PASS > 1:
-            list_in = list_ptr + (((PASS - 1) % 2) * M + row) * cap
-            lstart = part * lspan
-            lend = tl.minimum(lstart + lspan, n_list)
-            loffs = tl.arange(0, LBLOCK)
-            for i in range(list_steps):
-                j = lstart + i * LBLOCK + loffs
-                live = j < lend
-                c = tl.load(list_in + j, mask=live, other=0)
-                _select_sift(c, live, prefix, open_row, k, order_row, out_count, list_out, list_count, cap,
-                             hist_row, SHIFT, SURVIVE)
-        if SURVIVE:
-            if open_row != 0:
-                _select_choose(hist_row, ticket_ptr + PASS * M + row, state_ptr, M, row, G, prefix, k_rem, PASS,
-                               PASSES)
+    for i in range(chunks):
+        cols = start + i * BLOCK + tl.arange(0, BLOCK)
+        live = cols < end
+        x = tl.load(x_ptr + row * stride_xm + cols * stride_xn, mask=live, other=0)
+        c = _combined_key(x, cols, DESCENDING, IB)
+        take = live & ((c >> shift) <= prefix)
+        flags = take.to(tl.int32)
+        # this chunk's slots (any order: the sort after restores it)
+        first = tl.atomic_add(count_ptr + row, tl.sum(flags, 0), sem="relaxed")
+        slot = first + tl.cumsum(flags, 0) - 1
+        tl.store(order_ptr + row * k + slot, (((c >> IB) - 2**31) << 32) | cols, mask=take)
 
 
 @triton.jit
-def _sort_rows_kernel(key_ptr, x_ptr, values_ptr, indices_ptr, K, IB, stride_xm, stride_xn, KP: tl.constexpr,
-                      COMBINED: tl.constexpr, GATHER: tl.constexpr):
-    """Sort each row of K packed keys in place (one program per row, KP >= K a power of two); COMBINED:
-    the select's (key + 2^31) << IB | index, written back as packed key << 32 | index, or with GATHER
-    as values[m, j] = x[m, index] and int64 indices[m, j] instead."""
+def _sort_rows_kernel(key_ptr, K, KP: tl.constexpr):
+    """Sort each row of K packed keys in place (one program per row, KP >= K a power of two)."""
     row = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, KP)
-    live = j < K
-    v = tl.sort(tl.load(key_ptr + row * K + j, mask=live, other=_INT64_MAX))
-    if COMBINED:
-        index = v & ((1 << IB) - 1)
-        if GATHER:
-            x = tl.load(x_ptr + row * stride_xm + index * stride_xn, mask=live)
-            tl.store(values_ptr + row * K + j, x, mask=live)
-            tl.store(indices_ptr + row * K + j, index, mask=live)
-        else:
-            tl.store(key_ptr + row * K + j, (((v >> IB) - 2**31) << 32) | index, mask=live)
-    else:
-        tl.store(key_ptr + row * K + j, v, mask=live)
+    v = tl.load(key_ptr + row * K + j, mask=j < K, other=_INT64_MAX)
+    tl.store(key_ptr + row * K + j, tl.sort(v), mask=j < K)
 
 
-def select_rows(x2: torch.Tensor, descending: bool, k: int,
-                out: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
-    """x2 [M, N] (32-bit keys or narrower) -> packed key << 32 | index [M, k]: each row's first k in sort order
-    (or, given out = (values [M, k], int64 indices [M, k]), those written there by the sort).
+def select_rows(x2: torch.Tensor, descending: bool, k: int) -> torch.Tensor:
+    """x2 [M, N] (32-bit keys or narrower) -> packed key << 32 | index [M, k]: each row's first k in sort order.
 
     Digit passes over (key, index) as one (32 + IB)-bit number, 8 bits a pass from the top; the
-    index's bits make every element distinct (ties: lowest index first). Pass 0 and 1 read the row;
-    from pass 1 on each pass writes out the elements its digit decides and lists the survivors
-    (AIR top-k's adaptive filtering), so later passes read a short list (or, when it overflowed
-    its cap of N / SELECT_LIST, the row again). A row gets G programs (about SELECT_PROGRAMS in all)."""
+    index's bits make every element distinct (ties: lowest index first) and cost a pass only when
+    the key's bits leave a tie at the k-th place (a finished row's later passes read nothing). A
+    row gets G programs (about SELECT_PROGRAMS in all), each looping over its span."""
     M, N = x2.shape
     ib = 8 * cdiv(max(1, (N - 1).bit_length()), 8)
     passes = (32 + ib) // 8
     G = max(1, min(cdiv(SELECT_PROGRAMS, M), cdiv(N, SELECT_BLOCK)))
     span = cdiv(cdiv(N, G), SELECT_BLOCK) * SELECT_BLOCK
     G = cdiv(N, span)
-    cap = cdiv(N, SELECT_LIST)
-    lspan = cdiv(cap, G)
-    lblock = min(SELECT_BLOCK, triton.next_power_of_2(lspan))
-    # One zeroed buffer: histograms [passes, M, 256], tickets [passes, M], list counts [passes + 1, M]
-    # (pass p's survivors; the last row: the k written so far).
-    counters = torch.zeros(passes * M * 258 + 2 * M, dtype=torch.int32, device=x2.device)
+    # One zeroed buffer: histograms [passes, M, 256], tickets [passes, M], slot counters [M].
+    counters = torch.zeros(passes * M * 257 + M, dtype=torch.int32, device=x2.device)
     hist, tickets = counters[:passes * M * 256], counters[passes * M * 256:passes * M * 257]
-    counts = counters[passes * M * 257:]
+    count = counters[passes * M * 257:]
     state = torch.empty((passes, M, 4), dtype=torch.int64, device=x2.device)
     order = torch.empty((M, k), dtype=torch.int64, device=x2.device)
-    lists = torch.empty((2, M, cap), dtype=torch.int64, device=x2.device)
-    args = (M, N, k, G, span, span // SELECT_BLOCK, cap, lspan, cdiv(lspan, lblock), x2.stride(0), x2.stride(1))
-    for p in range(passes + 1):
-        _select_pass_kernel[(M * G,)](x2, hist, tickets, state, order, lists, counts, *args,
-                                      DESCENDING=bool(descending), IB=ib, PASS=p, PASSES=passes,
-                                      BLOCK=SELECT_BLOCK, LBLOCK=lblock, num_warps=SELECT_WARPS)
+    args = (M, N, k, G, span, span // SELECT_BLOCK, x2.stride(0), x2.stride(1))
+    for p in range(passes):
+        _select_pass_kernel[(M * G,)](x2, hist, tickets, state, *args, DESCENDING=bool(descending), IB=ib, PASS=p,
+                                      ATOMIC=p > 0 and SELECT_ATOMIC_PASSES, BLOCK=SELECT_BLOCK, num_warps=SELECT_WARPS)
+    _select_take_kernel[(M * G,)](x2, state, count, order, *args, DESCENDING=bool(descending), IB=ib,
+                                  PASSES=passes, BLOCK=SELECT_BLOCK, num_warps=SELECT_WARPS)
     kp = triton.next_power_of_2(k)
-    values, indices = out if out is not None else (order, order)
-    _sort_rows_kernel[(M,)](order, x2, values, indices, k, ib, x2.stride(0), x2.stride(1), KP=kp, COMBINED=True,
-                            GATHER=out is not None, num_warps=SELECT_SORT_WARPS or (8 if kp >= 1024 else 4))
-    return None if out is not None else order
+    _sort_rows_kernel[(M,)](order, k, KP=kp, num_warps=8 if kp >= 1024 else 4)
+    return order
 
 
 @triton.jit
@@ -880,8 +799,7 @@ def select_rows_each(x2: torch.Tensor, descending: bool, k: int) -> torch.Tensor
     _select_row_kernel[(M,)](x2, order, N, k, cdiv(N, block), x2.stride(0), x2.stride(1),
                              DESCENDING=bool(descending), BLOCK=block, num_warps=SELECT_ROW_WARPS)
     kp = triton.next_power_of_2(k)
-    _sort_rows_kernel[(M,)](order, order, order, order, k, 0, 0, 0, KP=kp, COMBINED=False, GATHER=False,
-                            num_warps=8 if kp >= 1024 else 4)
+    _sort_rows_kernel[(M,)](order, k, KP=kp, num_warps=8 if kp >= 1024 else 4)
     return order
 
 
@@ -964,12 +882,6 @@ def _select(x: torch.Tensor, dim: int, k: int, descending: bool) -> tuple[torch.
     x2, lead = _rows(x, dim)
     if RADIX_SORT and k == x2.shape[1] >= RADIX_MIN_N and x2.dtype not in _WIDE_KEYS:
         values, indices = radix_sort_rows(x2, descending)
-        return _unrows(values, lead, dim, x.dim()), _unrows(indices, lead, dim, x.dim())
-    if x2.numel() and k and SELECT_GATHER and _selects(x2, k) and not (SELECT_ROW and x2.shape[0] >= SELECT_ROW_MIN_M):
-        # the select's sort writes values and indices itself (no order buffer read back by a gather)
-        values = torch.empty((x2.shape[0], k), dtype=x2.dtype, device=x.device)
-        indices = torch.empty((x2.shape[0], k), dtype=torch.int64, device=x.device)
-        select_rows(x2, descending, k, out=(values, indices))
         return _unrows(values, lead, dim, x.dim()), _unrows(indices, lead, dim, x.dim())
     if x2.numel() and k:
         order = sorted_rows(x2, descending, cap=k)
