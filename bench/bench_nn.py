@@ -32,7 +32,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 
 import torch
@@ -225,11 +224,11 @@ def _batch_norm_bwd_row(bench, labels, x, w, b, rm, rv, ge2_bwd):
 
 def batch_norm_sweep(device, baseline: str | None, small: bool) -> None:
     """batch_norm fwd/bwd at [64, 256, 28, 28]: the baseline's kernels, each launch setting, torch (one process)."""
-    from bench.harness import Bench
+    from bench.harness import Bench, load_module
     from ge2.kernels import norm as KN
 
     bench = Smoke() if small else Bench("nn_batch_norm")
-    old = _load(os.path.join(baseline, "norm.py"), "norm_before") if baseline else None
+    old = load_module(os.path.join(baseline, "norm.py"), "norm_before") if baseline else None
     default = KN.BN_TILE, KN.BN_PROGRAMS_PER_SM, KN.BN_WARPS
     f32, b16 = torch.float32, torch.bfloat16
     for shape, dtype, layout in ((((8, 16, 6, 6), f32, "nchw"),) if small else
@@ -276,15 +275,9 @@ def batch_norm_sweep(device, baseline: str | None, small: bool) -> None:
 
 def _kernel_table(title: str, fn, rows: int) -> None:
     """Print the CUDA-time table of 10 calls of fn (after 3 warm-up calls) under ``title``."""
-    from torch.profiler import ProfilerActivity, profile
+    from bench.harness import profile_calls
 
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(10):
-            fn()
-        torch.cuda.synchronize()
+    prof = profile_calls(fn, 10, warmup=3)
     print(f"--- {title}, 10 calls")
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows))
 
@@ -302,22 +295,15 @@ def _profile_batch_norm(device) -> None:
             _kernel_table(f"{name} batch_norm fwd {shape}", fn, 6)
 
 
-def _load(path: str, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def sweep(device, baseline: str | None, small: bool) -> None:
     """Time the fused optimizers and layer_norm backward under each launch setting (and the baseline's kernels)."""
-    from bench.harness import Bench
+    from bench.harness import Bench, load_module
     from ge2.kernels import norm as KN
     from ge2.kernels import optim as KO
 
     bench = Smoke() if small else Bench("nn_sweep", rep_ms=50)
-    old_o = _load(os.path.join(baseline, "optim.py"), "optim_before") if baseline else None
-    old_n = _load(os.path.join(baseline, "norm.py"), "norm_before") if baseline else None
+    old_o = load_module(os.path.join(baseline, "optim.py"), "optim_before") if baseline else None
+    old_n = load_module(os.path.join(baseline, "norm.py"), "norm_before") if baseline else None
     for label, shapes in ((("tiny", _gpt2_shapes(1, 32)),) if small else
                           (("85M", _gpt2_shapes(12, 768)), ("char GPT", _gpt2_shapes(6, 384)))):
         params = [torch.randn(s, device=device) for s in shapes]

@@ -149,11 +149,9 @@ def main() -> None:
     BWD_FORMS = args.bwd_forms
     STEP_CONFIGS = [tuple(int(v) for v in c.split(",")) for c in args.step_configs.split(";") if c]
     if args.baseline:
-        import importlib.util
+        from bench.harness import load_module
         global BASELINE
-        spec = importlib.util.spec_from_file_location("ge2.kernels._rnn_baseline", args.baseline)
-        BASELINE = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(BASELINE)
+        BASELINE = load_module(args.baseline, "ge2.kernels._rnn_baseline")
     if args.bwd:
         K.BACKWARD_PATH = args.bwd
     if args.smoke:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import importlib.util
 import json
 import os
 import subprocess
@@ -50,6 +51,28 @@ def time_ms(fn: Callable[[], Any], warmup_ms: int = 25, rep_ms: int = 100, cuda_
     if cuda_graph:
         return float(triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def load_module(path: str | os.PathLike, name: str) -> Any:
+    """The Python file at ``path`` as a module of its own named ``name``: an earlier (or edited) kernel
+    module whose kernels compile and run beside the present ones (``--baseline`` comparisons)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def profile_calls(fn: Callable[[], Any], calls: int, warmup: int = 1) -> torch.profiler.profile:
+    """torch.profiler's record of the CUDA kernels of ``calls`` calls of ``fn``, after ``warmup``
+    unrecorded calls (compiles, tuning), the device synchronised before and at the end."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return prof
 
 
 @contextlib.contextmanager

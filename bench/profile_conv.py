@@ -16,23 +16,17 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ge2  # noqa: E402
 import ge2.nn.functional as F  # noqa: E402
+from bench.harness import profile_calls  # noqa: E402
 
 
 def kernel_us(fn, steps: int = 10) -> dict[str, float]:
     """Device µs per call of ``fn`` by kernel name (first 70 characters)."""
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
+    prof = profile_calls(fn, steps, warmup=5)
     per_kernel: dict[str, float] = collections.defaultdict(float)
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:

@@ -30,12 +30,9 @@ from bench.bench_train import GPT_CONFIGS, GPT_LR, gpt_pair  # noqa: E402
 
 def kernel_table(step, steps: int) -> list[tuple[str, int, float]]:
     """[(kernel name, calls per step, ms per step)] of ``steps`` profiled calls of ``step``, largest first."""
-    from torch.profiler import ProfilerActivity, profile
+    from bench.harness import profile_calls
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
+    prof = profile_calls(step, steps, warmup=0)
     total_us: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
     for e in prof.events():

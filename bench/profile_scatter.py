@@ -17,7 +17,6 @@ separate modules, so nothing in the product path changes.
 """
 from __future__ import annotations
 
-import importlib.util
 import sys
 import tempfile
 from pathlib import Path
@@ -27,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import ge2  # noqa: E402,F401  (decides the device before triton is imported)
-from bench.harness import Bench  # noqa: E402
+from bench.harness import Bench, load_module  # noqa: E402
 from ge2.kernels import scatter as S  # noqa: E402
 
 
@@ -37,10 +36,7 @@ def _variant(name: str, old: str, new: str):
     assert old in text, f"{name}: {old!r} not in scatter.py"
     path = Path(tempfile.mkdtemp()) / f"scatter_{name}.py"
     path.write_text(text.replace(old, new))
-    spec = importlib.util.spec_from_file_location(f"scatter_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(path, f"scatter_{name}")
 
 
 def _call(module, base, idx, src):

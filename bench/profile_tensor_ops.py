@@ -10,7 +10,7 @@ the index counter, the counter's fill.
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import functools
 import sys
 from pathlib import Path
 
@@ -19,8 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import ge2  # noqa: E402,F401
-import triton  # noqa: E402
-from bench.harness import switched  # noqa: E402
+from bench.harness import load_module, profile_calls, switched, time_ms  # noqa: E402
 from ge2.kernels import scatter as SC  # noqa: E402
 from ge2.kernels import sort as SO  # noqa: E402
 
@@ -29,8 +28,7 @@ SHAPES = ((256, 32768), (64, 131072), (16, 131072), (16, 32768))
 ROW_VARIANTS = ((16, 4096), (8, 2048), (32, 8192), (4, 1024), (8, 4096))
 
 
-def _time(fn) -> float:
-    return float(triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median"))
+_time = functools.partial(time_ms, rep_ms=60, cuda_graph=True)  # ms, median of CUDA-graph replays
 
 
 def _topk_ok(x: torch.Tensor, k: int) -> bool:
@@ -42,14 +40,6 @@ def _topk_ok(x: torch.Tensor, k: int) -> bool:
 def _line(label: str, ms: float, t_torch: float, ok) -> None:
     print(f"{label:58s} {ms * 1e3:8.1f} us   torch {t_torch * 1e3:8.1f} us   ratio {t_torch / ms:5.2f}   ok={ok}",
           flush=True)
-
-
-def _load(path: str):
-    """An earlier sort.py as a module of its own (its kernels compile beside the present ones)."""
-    spec = importlib.util.spec_from_file_location("sort_before", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _select(shapes, ks, old=None, row=False) -> None:
@@ -92,12 +82,7 @@ def _profile() -> None:
     for m, n in SHAPES[:2]:
         for label, x in (("randn", torch.randn(m, n, device="cuda")),
                          ("ties (4x randn rounded)", (4 * torch.randn(m, n, device="cuda")).round())):
-            SO.topk(x, 1024)
-            torch.cuda.synchronize()
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                for _ in range(20):
-                    SO.topk(x, 1024)
-                torch.cuda.synchronize()
+            prof = profile_calls(lambda: SO.topk(x, 1024), 20)
             kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
             per = len(kernels) // 20
             print(f"--- topk k=1024, {m}x{n} {label}: {per} kernels a call, us (mean of 20 calls)")
@@ -164,7 +149,7 @@ def main() -> None:
     ap.add_argument("--row", action="store_true", help="also the one-program-a-row select's settings")
     ap.add_argument("--sweep", action="store_true", help="also the select's settings (SWEEP) at k = 1024")
     args = ap.parse_args()
-    old = _load(args.baseline) if args.baseline else None
+    old = load_module(args.baseline, "sort_before") if args.baseline else None
     if not args.skip_profile:  # first: the kernel times are what the next change is chosen by
         _profile()
     _select(SHAPES[:2], (1024, 128, 4096), old, args.row)

@@ -16,8 +16,8 @@ in the same process, as "before": its sort and topk at its own defaults.
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
-import importlib.util
 import os
 import subprocess
 import sys
@@ -32,6 +32,7 @@ import torch  # noqa: E402
 
 import ge2  # noqa: E402,F401
 import triton  # noqa: E402
+from bench.harness import load_module, profile_calls, time_ms  # noqa: E402
 from ge2.kernels import sort as SO  # noqa: E402
 
 SHAPES = ((256, 32768), (64, 131072))
@@ -49,15 +50,7 @@ BEST_VARIANTS = ((1024, 4, 8192), (2048, 4, 8192), (2048, 8, 8192), (4096, 8, 81
 RADIX_SHAPES = ((256, 32768), (64, 131072), (4096, 2048), (2048, 4096))
 
 
-def _time(fn) -> float:
-    return float(triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median"))
-
-
-def _load(path: str):
-    spec = importlib.util.spec_from_file_location("ge2.kernels._sort_baseline", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+_time = functools.partial(time_ms, rep_ms=60, cuda_graph=True)  # ms, median of CUDA-graph replays
 
 
 def _line(label: str, fn, t_torch: float, ok) -> None:
@@ -89,7 +82,7 @@ def main() -> None:
     if args.radix:
         _radix()
         return
-    base = _load(args.baseline) if args.baseline else None
+    base = load_module(args.baseline, "ge2.kernels._sort_baseline") if args.baseline else None
     settings = ("SELECT_MIN_K", "SELECT_PROGRAMS", "SELECT_ATOMIC_PASSES", "SELECT_BLOCK", "SELECT_WARPS")
     defaults = {name: getattr(SO, name) for name in settings}
     for m, n in SHAPES:
@@ -151,12 +144,7 @@ def _radix() -> None:
         for name in settings:
             setattr(SO, name, defaults[name])
     x = torch.randn(64, 131072, device="cuda")
-    SO.sort(x, dim=-1)
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(10):
-            SO.sort(x, dim=-1)
-        torch.cuda.synchronize()
+    prof = profile_calls(lambda: SO.sort(x, dim=-1), 10)
     print("--- radix sort (defaults), 64x131072, 10 calls (us per call = total / 10)")
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=10, max_name_column_width=40),
           flush=True)
@@ -188,12 +176,7 @@ def _small_k() -> None:
     x = torch.randn(256, 32768, device="cuda")
     for on in (False, True):
         SO.BEST_OF_TILES = on
-        SO.topk(x, 50)
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(20):
-                SO.topk(x, 50)
-            torch.cuda.synchronize()
+        prof = profile_calls(lambda: SO.topk(x, 50), 20)
         print(f"--- topk k=50, 256x32768, best of tiles {on}, 20 calls (us per call = total / 20)")
         print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=10, max_name_column_width=40),
               flush=True)
@@ -205,12 +188,7 @@ def _profile() -> None:
     x = torch.randn(256, 32768, device="cuda")
     SO.SELECT_MIN_K = 1
     for k in (50, 1024):
-        SO.topk(x, k)
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(20):
-                SO.topk(x, k)
-            torch.cuda.synchronize()
+        prof = profile_calls(lambda: SO.topk(x, k), 20)
         print(f"--- select k={k}, 256x32768, 20 calls (us per call = total / 20)")
         try:
             table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=40)
